@@ -1,0 +1,140 @@
+"""The durable kernel: the event log, its stores, projection and recovery.
+
+Everything an agent did is a pure function of its session log. This package owns the log (the
+closed event union, the JSONL and in-memory stores, the single-writer lock) and the pure functions
+over it: :func:`project` (the model's messages) and :func:`plan` (the one next action after a
+crash). It imports nothing else of kiso's and does no I/O but the log's own.
+"""
+
+from kiso.kernel.errors import (
+    AppendError,
+    CorruptLogError,
+    EventError,
+    KisoError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionNotFoundError,
+    StoreError,
+)
+from kiso.kernel.events import (
+    SCHEMA_VERSION,
+    ApprovalDecided,
+    ApprovalRequested,
+    Assistant,
+    Compacted,
+    Event,
+    ExecutionFinished,
+    ExecutionResolved,
+    ExecutionStarted,
+    ImageBlock,
+    ModelRef,
+    Outcome,
+    RunEnded,
+    RunStarted,
+    SessionHeader,
+    SettingChanged,
+    TextBlock,
+    ThinkingBlock,
+    ToolCall,
+    Usage,
+    User,
+    event_from_json,
+    header_from_json,
+    input_sha256,
+)
+from kiso.kernel.ids import new_id
+from kiso.kernel.jsonl import JsonlSessionStore, parse_log
+from kiso.kernel.layout import kiso_home, workspace_slug
+from kiso.kernel.listing import SessionInfo, summarize
+from kiso.kernel.memory import MemorySessionStore
+from kiso.kernel.messages import (
+    AssistantMessage,
+    Message,
+    ToolResultMessage,
+    UserMessage,
+    dumps_messages,
+    to_wire,
+)
+from kiso.kernel.projection import project
+from kiso.kernel.recovery import (
+    Action,
+    AwaitApproval,
+    CallModel,
+    Decide,
+    EndRun,
+    Execute,
+    Idle,
+    ResolveUncertain,
+    SessionState,
+    Uncertain,
+    plan,
+    session_state,
+)
+from kiso.kernel.replay import replay
+from kiso.kernel.store import SessionLog, SessionStore, SessionWriter
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Action",
+    "AppendError",
+    "ApprovalDecided",
+    "ApprovalRequested",
+    "Assistant",
+    "AssistantMessage",
+    "AwaitApproval",
+    "CallModel",
+    "Compacted",
+    "CorruptLogError",
+    "Decide",
+    "EndRun",
+    "Event",
+    "EventError",
+    "Execute",
+    "ExecutionFinished",
+    "ExecutionResolved",
+    "ExecutionStarted",
+    "Idle",
+    "ImageBlock",
+    "JsonlSessionStore",
+    "KisoError",
+    "MemorySessionStore",
+    "Message",
+    "ModelRef",
+    "Outcome",
+    "ResolveUncertain",
+    "RunEnded",
+    "RunStarted",
+    "SessionExistsError",
+    "SessionHeader",
+    "SessionInfo",
+    "SessionLockedError",
+    "SessionLog",
+    "SessionNotFoundError",
+    "SessionState",
+    "SessionStore",
+    "SessionWriter",
+    "SettingChanged",
+    "StoreError",
+    "TextBlock",
+    "ThinkingBlock",
+    "ToolCall",
+    "ToolResultMessage",
+    "Uncertain",
+    "Usage",
+    "User",
+    "UserMessage",
+    "dumps_messages",
+    "event_from_json",
+    "header_from_json",
+    "input_sha256",
+    "kiso_home",
+    "new_id",
+    "parse_log",
+    "plan",
+    "project",
+    "replay",
+    "session_state",
+    "summarize",
+    "to_wire",
+    "workspace_slug",
+]
