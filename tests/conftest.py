@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from kiso.kernel import JsonlSessionStore, MemorySessionStore
 
 # Machines here are noisy: a slow example is not a failure. Examples stay deterministic per run.
 settings.register_profile(
@@ -14,14 +15,11 @@ settings.register_profile(
 )
 settings.load_profile("kiso")
 
-from kiso.kernel import JsonlSessionStore, MemorySessionStore
-
 
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test ever touches the real ~/.kiso."""
     monkeypatch.setenv("KISO_HOME", str(tmp_path / "kiso-home"))
-    yield
 
 
 @pytest.fixture

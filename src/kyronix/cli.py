@@ -1,4 +1,5 @@
-"""The ``kyronix`` command. Its subcommands (serve, executer, keys, agents) arrive with their issues."""
+"""The ``kyronix`` command. Its subcommands (serve, executer, keys, agents) come with their
+issues."""
 
 from __future__ import annotations
 

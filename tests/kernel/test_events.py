@@ -23,17 +23,30 @@ from kiso.kernel.events import EVENT_TYPES, SessionHeader, dumps_line
 
 SAMPLES: dict[str, dict[str, Any]] = {
     "run_started": {
-        "seq": 1, "ts": 10, "run": "r", "type": "run_started", "trigger": "user",
-        "model": {"provider": "openai", "model": "gpt-5", "profile": "work"}, "mode": "default",
+        "seq": 1,
+        "ts": 10,
+        "run": "r",
+        "type": "run_started",
+        "trigger": "user",
+        "model": {"provider": "openai", "model": "gpt-5", "profile": "work"},
+        "mode": "default",
     },
     "user": {
-        "seq": 2, "ts": 11, "run": "r", "type": "user",
-        "content": [{"type": "text", "text": "look"},
-                    {"type": "image", "media_type": "image/png", "data": "iVBORw0KGgo="}],
+        "seq": 2,
+        "ts": 11,
+        "run": "r",
+        "type": "user",
+        "content": [
+            {"type": "text", "text": "look"},
+            {"type": "image", "media_type": "image/png", "data": "iVBORw0KGgo="},
+        ],
         "source": "user",
     },
     "assistant": {
-        "seq": 3, "ts": 12, "run": "r", "type": "assistant",
+        "seq": 3,
+        "ts": 12,
+        "run": "r",
+        "type": "assistant",
         "blocks": [
             {"type": "thinking", "text": "hmm", "signature": "sig=="},
             {"type": "text", "text": "Reading."},
@@ -41,41 +54,89 @@ SAMPLES: dict[str, dict[str, Any]] = {
         ],
         "stop": "tool_use",
         "usage": {"input": 100, "output": 20, "cache_read": 80, "cache_write": None},
-        "model": "gpt-5", "ms": 420,
+        "model": "gpt-5",
+        "ms": 420,
     },
     "approval_requested": {
-        "seq": 4, "ts": 13, "run": "r", "type": "approval_requested", "call_id": "c1",
-        "name": "read_file", "input": {"path": "a"}, "speaker": "mode:default",
+        "seq": 4,
+        "ts": 13,
+        "run": "r",
+        "type": "approval_requested",
+        "call_id": "c1",
+        "name": "read_file",
+        "input": {"path": "a"},
+        "speaker": "mode:default",
     },
     "approval_decided": {
-        "seq": 5, "ts": 14, "run": "r", "type": "approval_decided", "call_id": "c1",
-        "decision": "approved", "decided_by": "rule:read_file", "reason": None,
-        "input_sha256": input_sha256({"path": "a"}), "rule": "read_file:**",
+        "seq": 5,
+        "ts": 14,
+        "run": "r",
+        "type": "approval_decided",
+        "call_id": "c1",
+        "decision": "approved",
+        "decided_by": "rule:read_file",
+        "reason": None,
+        "input_sha256": input_sha256({"path": "a"}),
+        "rule": "read_file:**",
     },
     "execution_started": {
-        "seq": 6, "ts": 15, "run": "r", "type": "execution_started", "execution_id": "s:6",
-        "call_id": "c1", "name": "read_file", "input": {"path": "a"},
+        "seq": 6,
+        "ts": 15,
+        "run": "r",
+        "type": "execution_started",
+        "execution_id": "s:6",
+        "call_id": "c1",
+        "name": "read_file",
+        "input": {"path": "a"},
     },
     "execution_finished": {
-        "seq": 7, "ts": 16, "run": "r", "type": "execution_finished", "execution_id": "s:6",
-        "call_id": "c1", "ok": False, "content": "boom", "is_error": True, "ms": 3,
-        "error_kind": "fatal", "truncated": True,
+        "seq": 7,
+        "ts": 16,
+        "run": "r",
+        "type": "execution_finished",
+        "execution_id": "s:6",
+        "call_id": "c1",
+        "ok": False,
+        "content": "boom",
+        "is_error": True,
+        "ms": 3,
+        "error_kind": "fatal",
+        "truncated": True,
     },
     "execution_resolved": {
-        "seq": 8, "ts": 17, "run": "r", "type": "execution_resolved", "execution_id": "s:6",
-        "call_id": "c1", "resolution": "skipped", "decided_by": "user",
+        "seq": 8,
+        "ts": 17,
+        "run": "r",
+        "type": "execution_resolved",
+        "execution_id": "s:6",
+        "call_id": "c1",
+        "resolution": "skipped",
+        "decided_by": "user",
     },
     "compacted": {
-        "seq": 9, "ts": 18, "run": "r", "type": "compacted", "covers_to_seq": 4,
-        "summary": "asked to read a", "trigger": "manual", "tokens_before": 1000,
+        "seq": 9,
+        "ts": 18,
+        "run": "r",
+        "type": "compacted",
+        "covers_to_seq": 4,
+        "summary": "asked to read a",
+        "trigger": "manual",
+        "tokens_before": 1000,
         "tokens_after": None,
     },
     "setting_changed": {
-        "seq": 10, "ts": 19, "run": None, "type": "setting_changed", "key": "model",
+        "seq": 10,
+        "ts": 19,
+        "run": None,
+        "type": "setting_changed",
+        "key": "model",
         "value": {"profile": "claude"},
     },
     "run_ended": {
-        "seq": 11, "ts": 20, "run": "r", "type": "run_ended",
+        "seq": 11,
+        "ts": 20,
+        "run": "r",
+        "type": "run_ended",
         "outcome": {"kind": "error", "code": "rate_limit", "message": "429", "retryable": True},
     },
 }
@@ -153,8 +214,14 @@ def test_an_unknown_field_is_refused(kind: str) -> None:
         ("user", "content", []),
         ("user", "content", [{"type": "image", "media_type": "image/png"}]),
         ("user", "content", [{"type": "image", "media_type": "image/bmp", "data": "x"}]),
-        ("assistant", "blocks", [{"type": "tool_call", "call_id": "a", "name": "n", "input": {}},
-                                 {"type": "tool_call", "call_id": "a", "name": "n", "input": {}}]),
+        (
+            "assistant",
+            "blocks",
+            [
+                {"type": "tool_call", "call_id": "a", "name": "n", "input": {}},
+                {"type": "tool_call", "call_id": "a", "name": "n", "input": {}},
+            ],
+        ),
         ("assistant", "blocks", [{"type": "tool_call", "call_id": "a", "name": "n", "input": []}]),
         ("assistant", "usage", {"input": 1}),
         ("execution_started", "seq", 0),
@@ -203,7 +270,9 @@ def test_input_digest_is_canonical() -> None:
 json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20)
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 json_objects = st.dictionaries(st.text(max_size=8), json_values, max_size=5)
@@ -232,7 +301,9 @@ def blocks(draw: st.DrawFn) -> list[dict[str, Any]]:
     ts=st.integers(0, 2**48),
     usage=st.tuples(*[st.none() | st.integers(0, 10**7)] * 4),
 )
-def test_assistant_records_round_trip(blocks: list[dict[str, Any]], seq: int, ts: int, usage: tuple[Any, ...]) -> None:  # noqa: E501
+def test_assistant_records_round_trip(
+    blocks: list[dict[str, Any]], seq: int, ts: int, usage: tuple[Any, ...]
+) -> None:
     raw = {
         "seq": seq, "ts": ts, "run": "r", "type": "assistant", "blocks": blocks, "stop": "end_turn",
         "usage": dict(zip(["input", "output", "cache_read", "cache_write"], usage, strict=True)),
@@ -245,7 +316,9 @@ def test_assistant_records_round_trip(blocks: list[dict[str, Any]], seq: int, ts
 
 @settings(max_examples=300)
 @given(st.sampled_from(sorted(SAMPLES)), json_objects)
-def test_arbitrary_json_is_an_event_error_or_a_valid_event(kind: str, noise: dict[str, Any]) -> None:
+def test_arbitrary_json_is_an_event_error_or_a_valid_event(
+    kind: str, noise: dict[str, Any]
+) -> None:
     candidate = {**SAMPLES[kind], **noise}
     try:
         event = event_from_json(candidate)

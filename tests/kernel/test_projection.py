@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from kiso.kernel import (
@@ -128,7 +129,10 @@ def test_compaction_replaces_what_it_covers_and_keeps_pairs_whole() -> None:
     assert isinstance(kept[1], ToolResultMessage) and kept[1].content == "1 passed"
     # no result survives without its call
     declared = {
-        b.call_id for m in after if isinstance(m, AssistantMessage) for b in m.blocks
+        b.call_id
+        for m in after
+        if isinstance(m, AssistantMessage)
+        for b in m.blocks
         if isinstance(b, ToolCall)
     }
     assert {m.call_id for m in after if isinstance(m, ToolResultMessage)} == declared
@@ -145,12 +149,13 @@ def test_projection_is_byte_stable_and_prefix_stable_between_model_calls() -> No
             assert once == again
             snapshots.append((n, once))
     assert len(snapshots) >= 6
-    for (n1, earlier), (n2, later) in zip(snapshots, snapshots[1:], strict=False):
+    for (n1, earlier), (n2, later) in itertools.pairwise(snapshots):
         if n1 < compaction_seq <= n2:
             continue  # history was rewritten on purpose, by a persisted fact
         assert later[: len(earlier)] == earlier, (n1, n2)
-        whole_earlier, whole_later = dumps_messages(project(events[:n1])), dumps_messages(
-            project(events[:n2])
+        whole_earlier, whole_later = (
+            dumps_messages(project(events[:n1])),
+            dumps_messages(project(events[:n2])),
         )
         # request N+1 shares request N's bytes up to the close of N's last message
         assert whole_later.startswith(whole_earlier[:-1])
@@ -163,7 +168,10 @@ def test_every_tool_call_has_one_result_whenever_the_model_is_called() -> None:
             continue
         msgs = [json.loads(dumps_message(m)) for m in project(events[:n])]
         declared = [
-            b["call_id"] for m in msgs if m["role"] == "assistant" for b in m["content"]
+            b["call_id"]
+            for m in msgs
+            if m["role"] == "assistant"
+            for b in m["content"]
             if b["type"] == "tool_call"
         ]
         answered = [m["call_id"] for m in msgs if m["role"] == "tool"]

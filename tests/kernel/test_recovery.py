@@ -168,7 +168,8 @@ def test_every_cut_of_the_scripted_session_names_the_right_action() -> None:
     assert describe(plan([])) == ("idle",)
     got = [describe(plan(events[:n], rerunnable={"read_file"})) for n in range(1, len(events) + 1)]
     mismatches = [
-        (n, events[n - 1].type, w, g) for n, (w, g) in enumerate(zip(want, got, strict=True), 1)
+        (n, events[n - 1].type, w, g)
+        for n, (w, g) in enumerate(zip(want, got, strict=True), 1)
         if w != g
     ]
     assert not mismatches, mismatches

@@ -90,8 +90,10 @@ def simulate(data: st.DataObject) -> list[Event]:
             elif isinstance(action, ResolveUncertain):
                 for u in action.executions:
                     c = call(u.call_id, u.name, **u.input)
-                    ruling = "rerun" if u.auto_rerun else draw(
-                        st.sampled_from(["rerun", "skipped", "applied"])
+                    ruling = (
+                        "rerun"
+                        if u.auto_rerun
+                        else draw(st.sampled_from(["rerun", "skipped", "applied"]))
                     )
                     b.resolved(c, u.execution_id, ruling)
             elif isinstance(action, EndRun):
@@ -110,8 +112,11 @@ def check_prefix(prefix: list[Event]) -> None:
             assert (declaring_seq(prefix, c.call_id), c.call_id) not in done
         started_open = {
             e.to_json()["execution_id"] for e in prefix if e.type == "execution_started"
-        } - {e.to_json()["execution_id"] for e in prefix if e.type in ("execution_finished",
-                                                                       "execution_resolved")}
+        } - {
+            e.to_json()["execution_id"]
+            for e in prefix
+            if e.type in ("execution_finished", "execution_resolved")
+        }
         assert not started_open, "execute while an execution is still uncertain"
     elif isinstance(action, ResolveUncertain):
         closed = {
@@ -198,12 +203,15 @@ def any_event(draw: st.DrawFn) -> dict[str, Any]:
 
 @settings(max_examples=300)
 @given(st.lists(any_event(), max_size=40), st.data())
-def test_plan_and_project_never_raise_on_any_loadable_log(raw: list[dict[str, Any]], data: st.DataObject) -> None:  # noqa: E501
+def test_plan_and_project_never_raise_on_any_loadable_log(
+    raw: list[dict[str, Any]], data: st.DataObject
+) -> None:
     events: list[Event] = []
     for seq, obj in enumerate(raw, 1):
+        fixed = dict(obj, seq=seq)
         if obj["type"] == "compacted":
-            obj = {**obj, "covers_to_seq": data.draw(st.integers(0, seq - 1))}
-        events.append(event_from_json({**obj, "seq": seq}))
+            fixed["covers_to_seq"] = data.draw(st.integers(0, seq - 1))
+        events.append(event_from_json(fixed))
     for n in range(len(events) + 1):
         action = plan(events[:n], rerunnable=RERUNNABLE)
         assert isinstance(

@@ -1,4 +1,4 @@
-"""``kiso demo``: a durable session killed with SIGKILL in the middle of a tool call, then recovered.
+"""``kiso demo``: a durable session, killed with SIGKILL in the middle of a tool call, recovered.
 
 A child process drives a scripted two-call turn: it writes ``notes.txt`` (receipt recorded), then
 records ``execution_started`` for an append to the same file and kills itself with SIGKILL before
@@ -160,7 +160,9 @@ def run_demo(home: str | None) -> int:
         [sys.executable, "-m", "kiso.cli.demo", home, session_id, str(workspace)], check=False
     )
     if proc.returncode != -signal.SIGKILL:
-        _say(f"   the agent exited with {proc.returncode}, not by SIGKILL; the demo cannot continue")
+        _say(
+            f"   the agent exited with {proc.returncode}, not by SIGKILL; the demo cannot continue"
+        )
         return 1
     _say("   the agent died by SIGKILL")
 

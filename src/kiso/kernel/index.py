@@ -10,6 +10,7 @@ index is simply rebuilt, and rows of deleted logs are dropped. The cache is repl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -60,10 +61,8 @@ class SidecarIndex:
             os.replace(tmp, self.path)
         except OSError:
             # A cache that cannot be written costs only speed: the next listing recomputes.
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
 
     def refresh(self, load: Loader) -> list[SessionInfo]:
         """The rows of every log in the folder, recomputing those whose log changed."""
@@ -73,7 +72,8 @@ class SidecarIndex:
         self.rebuilt = []
         changed = False
         try:
-            entries = list(os.scandir(self.folder))
+            with os.scandir(self.folder) as it:
+                entries = list(it)
         except OSError as exc:
             raise StoreError(f"cannot list {self.folder}: {exc.strerror}") from exc
         for entry in entries:

@@ -64,7 +64,9 @@ class MemorySessionStore:
         if session_id not in self._sessions:
             raise SessionNotFoundError(f"no session {session_id!r} in this memory store")
         if session_id in self._writers:
-            raise SessionLockedError(session_id, f"another writer in this process (pid {os.getpid()})")
+            raise SessionLockedError(
+                session_id, f"another writer in this process (pid {os.getpid()})"
+            )
         return self._writer(session_id)
 
     def _writer(self, sid: str) -> MemoryWriter:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
+from kiso.kernel._fast import fast_constructor
 from kiso.kernel.events import AssistantBlock, UserBlock
 
 __all__ = [
@@ -48,6 +49,10 @@ class ToolResultMessage:
 
 
 Message: TypeAlias = UserMessage | AssistantMessage | ToolResultMessage
+
+
+new_assistant_message = fast_constructor(AssistantMessage)
+new_tool_result = fast_constructor(ToolResultMessage)
 
 
 def to_wire(message: Message) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any, TypeAlias
 
 from kiso.kernel.events import ApprovalRequested, Assistant, Event, Outcome, ToolCall
@@ -182,7 +182,7 @@ def plan_replay(state: Replay, *, rerunnable: Collection[str] = ()) -> Action:
     return CallModel()
 
 
-class SessionState(str, Enum):
+class SessionState(StrEnum):
     """What ``kiso resume`` would do with a session, in the words a listing shows."""
 
     EMPTY = "empty"
@@ -199,9 +199,6 @@ class SessionState(str, Enum):
     """A run is open with a question nobody answered: resume asks it again."""
     CORRUPT = "corrupt"
     """The log does not load; nothing resumes it until it is repaired (the error says where)."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def session_state(state: Replay) -> SessionState:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kiso.kernel._fast import gc_paused
 from kiso.kernel.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -39,7 +40,13 @@ from kiso.kernel.events import (
     User,
     input_sha256,
 )
-from kiso.kernel.messages import AssistantMessage, Message, ToolResultMessage, UserMessage
+from kiso.kernel.messages import (
+    Message,
+    ToolResultMessage,
+    UserMessage,
+    new_assistant_message,
+    new_tool_result,
+)
 
 __all__ = ["CallState", "CallStatus", "Replay", "replay"]
 
@@ -79,21 +86,37 @@ class CallStatus:
     SETTLED = "settled"
 
 
-@dataclass(slots=True, eq=False)
 class CallState:
-    """What the log says about one call of one turn."""
+    """What the log says about one call of one turn (mutable while the fold runs)."""
 
-    call: ToolCall
-    turn_seq: int
-    run: str
-    digest: str | None = None
-    request: ApprovalRequested | None = None
-    decision: ApprovalDecided | None = None
-    running: dict[str, ExecutionStarted] = field(default_factory=dict)
-    """Executions of this call that started and have neither a receipt nor a ruling."""
-    receipt: ExecutionFinished | None = None
-    resolution: ExecutionResolved | None = None
-    result: ToolResultMessage | None = None
+    __slots__ = (
+        "_unchecked",
+        "call",
+        "decision",
+        "digest",
+        "receipt",
+        "request",
+        "resolution",
+        "result",
+        "run",
+        "running",
+        "turn_seq",
+    )
+
+    def __init__(self, call: ToolCall, turn_seq: int, run: str) -> None:
+        self.call = call
+        self.turn_seq = turn_seq
+        self.run = run
+        self.digest: str | None = None
+        self.request: ApprovalRequested | None = None
+        self.decision: ApprovalDecided | None = None
+        """The verdict that counts: the first whose digest matches the call's input."""
+        self._unchecked: list[ApprovalDecided] = []
+        self.running: dict[str, ExecutionStarted] = {}
+        """Executions of this call that started and have neither a receipt nor a ruling."""
+        self.receipt: ExecutionFinished | None = None
+        self.resolution: ExecutionResolved | None = None
+        self.result: ToolResultMessage | None = None
 
     @property
     def status(self) -> str:
@@ -101,13 +124,33 @@ class CallState:
             return CallStatus.SETTLED
         if self.running:
             return CallStatus.UNCERTAIN
-        if self.decision is not None:
+        if self.verdict() is not None:
             return CallStatus.APPROVED
         if self.request is not None:
             return CallStatus.AWAITING_APPROVAL
         return CallStatus.UNDECIDED
 
-    def verdict_matches(self, decided: ApprovalDecided) -> bool:
+    def add_verdict(self, decided: ApprovalDecided) -> None:
+        """Record a verdict. Approvals are checked against the input only when asked about:
+        hashing every input of a long log would cost more than the rest of a replay."""
+        if self.decision is not None or self.result is not None:
+            return
+        if decided.decision == "approved":
+            self._unchecked.append(decided)
+        elif self.verdict() is None and self._matches(decided):
+            self.decision = decided
+
+    def verdict(self) -> ApprovalDecided | None:
+        """The verdict that counts, checking pending approvals in the order they were written."""
+        if self.decision is None and self._unchecked:
+            for candidate in self._unchecked:
+                if self._matches(candidate):
+                    self.decision = candidate
+                    break
+            self._unchecked.clear()
+        return self.decision
+
+    def _matches(self, decided: ApprovalDecided) -> bool:
         if self.digest is None:
             self.digest = input_sha256(self.call.input)
         return decided.input_sha256 == self.digest
@@ -137,13 +180,19 @@ class Replay:
 
 def replay(events: Iterable[Event], *, render: bool = True) -> Replay:
     """Fold ``events`` (the log after its header) in one pass."""
+    with gc_paused():
+        return _replay(events, render)
+
+
+def _replay(events: Iterable[Event], render: bool) -> Replay:
     state = Replay()
     messages = state.messages
     anchors: list[int] = []  # the seq each message stands for, parallel to `messages`
     calls: dict[str, CallState] = {}  # call_id -> the latest call that declared it
     by_execution: dict[str, CallState] = {}
     turn: list[CallState] | None = None
-    turn_anchor = 0
+    turn_anchor = 0  # the seq of the open turn's assistant
+    unsettled = 0  # how many of its calls have no result yet
     covers = 0  # the newest compaction's covers_to_seq
 
     last_anchor = 0
@@ -157,12 +206,10 @@ def replay(events: Iterable[Event], *, render: bool = True) -> Replay:
                 messages.append(message)
                 anchors.append(anchor)
 
-    def close_turn(flush_open: bool) -> None:
-        """Emit the open turn's results; with flush_open, notes for calls still open."""
+    def close_turn() -> None:
+        """Emit the open turn's results in call order, with a note for each call still open."""
         nonlocal turn
         if turn is None:
-            return
-        if not flush_open and any(cs.result is None for cs in turn):
             return
         for cs in turn:
             if cs.result is None:
@@ -174,14 +221,25 @@ def replay(events: Iterable[Event], *, render: bool = True) -> Replay:
                     if status == CallStatus.APPROVED
                     else NOT_DECIDED
                 )
-                cs.result = ToolResultMessage(cs.call.call_id, cs.call.name, note, True)
+                cs.result = new_tool_result(
+                    call_id=cs.call.call_id, name=cs.call.name, content=note, is_error=True
+                )
             emit(cs.result, turn_anchor)
+            if calls.get(cs.call.call_id) is cs:
+                # A closed turn's calls are settled for good; what still refers to them later
+                # changes nothing, so let them go (a long log then folds in less memory).
+                del calls[cs.call.call_id]
         turn = None
 
     def settle(cs: CallState, content: str, is_error: bool) -> None:
-        cs.result = ToolResultMessage(cs.call.call_id, cs.call.name, content, is_error)
-        if turn is not None and cs in turn:
-            close_turn(flush_open=False)
+        nonlocal unsettled
+        cs.result = new_tool_result(
+            call_id=cs.call.call_id, name=cs.call.name, content=content, is_error=is_error
+        )
+        if turn is not None and cs.turn_seq == turn_anchor:
+            unsettled -= 1
+            if not unsettled:
+                close_turn()
 
     for ev in events:
         if isinstance(ev, ExecutionStarted):
@@ -198,37 +256,37 @@ def replay(events: Iterable[Event], *, render: bool = True) -> Replay:
             cs = by_execution.get(ev.execution_id)
             if cs is not None and cs.running.pop(ev.execution_id, None) is not None:
                 del state.running[ev.execution_id]
+                del by_execution[ev.execution_id]
                 cs.receipt = ev
                 if cs.result is None:
                     settle(cs, ev.content, ev.is_error)
         elif isinstance(ev, ApprovalDecided):
             cs = calls.get(ev.call_id)
-            if cs is not None and cs.decision is None and cs.result is None:
-                if cs.verdict_matches(ev):
-                    cs.decision = ev
-                    if ev.decision == "denied":
-                        reason = ev.reason or "no reason given"
-                        settle(cs, f"[denied by {ev.decided_by}] {reason}", True)
+            if cs is not None:
+                cs.add_verdict(ev)
+                if cs.decision is ev and ev.decision == "denied":
+                    reason = ev.reason or "no reason given"
+                    settle(cs, f"[denied by {ev.decided_by}] {reason}", True)
         elif isinstance(ev, Assistant):
-            close_turn(flush_open=True)
-            emit(AssistantMessage(ev.blocks), ev.seq)
-            new_calls = [
-                CallState(b, ev.seq, ev.run) for b in ev.blocks if isinstance(b, ToolCall)
-            ]
+            close_turn()
+            emit(new_assistant_message(blocks=ev.blocks), ev.seq)
+            new_calls = [CallState(b, ev.seq, ev.run) for b in ev.blocks if isinstance(b, ToolCall)]
             for cs in new_calls:
                 calls[cs.call.call_id] = cs
             turn = new_calls or None
             turn_anchor = ev.seq
+            unsettled = len(new_calls)
             if ev.run == state.open_run:
                 state.last_in_run = ev
         elif isinstance(ev, ApprovalRequested):
             cs = calls.get(ev.call_id)
-            if cs is not None and cs.decision is None and cs.result is None:
+            if cs is not None and cs.result is None:
                 cs.request = ev
         elif isinstance(ev, ExecutionResolved):
             cs = by_execution.get(ev.execution_id)
             if cs is not None and cs.running.pop(ev.execution_id, None) is not None:
                 del state.running[ev.execution_id]
+                del by_execution[ev.execution_id]
                 cs.resolution = ev
                 if cs.result is None:
                     if ev.resolution == "skipped":
@@ -237,7 +295,7 @@ def replay(events: Iterable[Event], *, render: bool = True) -> Replay:
                         settle(cs, APPLIED, False)
                     # "rerun": the call is approved again and its next execution settles it
         elif isinstance(ev, User):
-            close_turn(flush_open=True)
+            close_turn()
             content = (TextBlock(ev.content),) if isinstance(ev.content, str) else ev.content
             emit(UserMessage(content), ev.seq)
             if ev.run == state.open_run:
@@ -246,12 +304,12 @@ def replay(events: Iterable[Event], *, render: bool = True) -> Replay:
             if state.title is None and ev.source == "user":
                 state.title = ev.text
         elif isinstance(ev, RunStarted):
-            close_turn(flush_open=True)
+            close_turn()
             state.open_run = ev.run
             state.last_in_run = None
             state.runs += 1
         elif isinstance(ev, RunEnded):
-            close_turn(flush_open=True)
+            close_turn()
             if ev.run == state.open_run:
                 state.open_run = None
                 state.last_in_run = None

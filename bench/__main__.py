@@ -1,0 +1,27 @@
+"""Run every kernel benchmark: `python -m bench` (add --quick for a smoke run)."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+
+from bench import append, load, size
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    a = p.parse_args()
+    print(f"python {platform.python_version()} on {platform.machine()}, {platform.system()}")
+    if a.quick:
+        append.run(300, 1)
+        load.run(3_000, 1)
+        size.run(200, 50)
+    else:
+        append.run(10_000, 3)
+        load.run(100_000, 5)
+        size.run(1_000)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""The store contract (both implementations) and the JSONL file format on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from kiso.kernel import (
+    AppendError,
+    CorruptLogError,
+    JsonlSessionStore,
+    MemorySessionStore,
+    ModelRef,
+    Outcome,
+    RunEnded,
+    RunStarted,
+    SessionExistsError,
+    SessionLockedError,
+    SessionNotFoundError,
+    User,
+    parse_log,
+    workspace_slug,
+)
+from kiso.kernel.events import Assistant, TextBlock, Usage
+
+Store = JsonlSessionStore | MemorySessionStore
+
+
+def start(run: str = "r1") -> list[RunStarted | User]:
+    return [
+        RunStarted(run=run, trigger="user", model=ModelRef("faux", "m"), mode="default"),
+        User(run=run, content="hello there"),
+    ]
+
+
+def test_create_append_load_round_trip(store: Store, workspace: Path) -> None:
+    with store.create(workspace, session_id="s1") as w:
+        stamped = w.append(*start())
+        assert [e.seq for e in stamped] == [1, 2]
+        assert all(e.ts > 0 for e in stamped)
+        assert w.next_seq == 3
+        w.append(RunEnded(run="r1", outcome=Outcome.completed()))
+    log = store.load("s1")
+    assert log.header.id == "s1"
+    assert log.header.workspace == os.path.realpath(workspace)
+    assert log.header.v == 1
+    assert [e.type for e in log.events] == ["run_started", "user", "run_ended"]
+    assert log.events[:2] == stamped
+
+
+def test_open_continues_with_contiguous_seq(store: Store, workspace: Path) -> None:
+    with store.create(workspace, session_id="s1") as w:
+        w.append(*start())
+    with store.open("s1") as w:
+        assert len(w.events) == 2
+        (ended,) = w.append(RunEnded(run="r1", outcome=Outcome.completed()))
+        assert ended.seq == 3
+    assert [e.seq for e in store.load("s1").events] == [1, 2, 3]
+
+
+def test_a_second_writer_is_refused_and_the_first_close_frees_it(
+    store: Store, workspace: Path
+) -> None:
+    w = store.create(workspace, session_id="s1")
+    with pytest.raises(SessionLockedError, match=f"pid {os.getpid()}"):
+        store.open("s1")
+    w.close()
+    store.open("s1").close()
+
+
+def test_an_event_naming_the_wrong_seq_is_refused(store: Store, workspace: Path) -> None:
+    with store.create(workspace, session_id="s1") as w:
+        w.append(*start())
+        stale = RunEnded(run="r1", outcome=Outcome.completed(), seq=2)
+        with pytest.raises(AppendError, match="next seq is 3"):
+            w.append(stale)
+        w.append(RunEnded(run="r1", outcome=Outcome.completed(), seq=3))
+    assert len(store.load("s1").events) == 3
+
+
+def test_an_invalid_event_in_a_batch_writes_nothing(store: Store, workspace: Path) -> None:
+    with store.create(workspace, session_id="s1") as w:
+        bad = User(run="r1", content="x", source="model")  # type: ignore[arg-type]
+        with pytest.raises(AppendError, match="invalid user event"):
+            w.append(*start(), bad)
+        not_json = User(run="r1", content=[TextBlock(object())])  # type: ignore[arg-type,list-item]
+        with pytest.raises(AppendError):
+            w.append(not_json)
+        assert w.events == []
+    assert store.load("s1").events == ()
+
+
+def test_a_closed_writer_refuses_to_append(store: Store, workspace: Path) -> None:
+    w = store.create(workspace, session_id="s1")
+    w.close()
+    w.close()  # idempotent
+    with pytest.raises(AppendError, match="closed"):
+        w.append(*start())
+
+
+def test_ids_are_checked_and_unique(store: Store, workspace: Path) -> None:
+    store.create(workspace, session_id="s1").close()
+    with pytest.raises(SessionExistsError):
+        store.create(workspace, session_id="s1")
+    with pytest.raises(ValueError, match="invalid session id"):
+        store.create(workspace, session_id="../escape")
+    with pytest.raises(SessionNotFoundError):
+        store.open("nope")
+    with pytest.raises(SessionNotFoundError):
+        store.load("nope")
+    generated = store.create(workspace)
+    generated.close()
+    assert len(generated.id) == 36
+
+
+def test_listing_states_and_titles(store: Store, workspace: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    with store.create(workspace, session_id="done") as w:
+        w.append(*start())
+        w.append(
+            Assistant(
+                run="r1", blocks=(TextBlock("hi"),), stop="end_turn", usage=Usage(), model="m", ms=1
+            ),
+            RunEnded(run="r1", outcome=Outcome.completed()),
+        )
+    with store.create(workspace, session_id="open") as w:
+        w.append(*start())
+    store.create(other, session_id="elsewhere").close()
+    rows = {r.id: r for r in store.list(workspace)}
+    assert set(rows) == {"done", "open"}
+    assert rows["done"].state.value == "completed"
+    assert rows["open"].state.value == "interrupted"
+    assert rows["done"].title == "hello there"
+    assert rows["done"].runs == 1 and rows["done"].inputs == 1 and rows["done"].events == 4
+    assert {r.id for r in store.list()} == {"done", "open", "elsewhere"}
+    assert store.list()[0].id == "elsewhere"  # newest activity first
+    assert {r.state.value for r in store.list(other)} == {"empty"}
+
+
+# --------------------------------------------------------------------------- JSONL on disk
+
+
+def test_layout_and_permissions(jsonl_store: JsonlSessionStore, workspace: Path) -> None:
+    with jsonl_store.create(workspace, session_id="s1") as w:
+        w.append(*start())
+    folder = jsonl_store.root / workspace_slug(workspace)
+    log = folder / "s1.jsonl"
+    assert Path(w.path or "") == log
+    for d in (jsonl_store.home, jsonl_store.root, folder):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert stat.S_IMODE((folder / "s1.lock").stat().st_mode) == 0o600
+    lines = log.read_bytes().split(b"\n")
+    assert lines[-1] == b""
+    header = json.loads(lines[0])
+    assert list(header) == ["seq", "type", "v", "id", "workspace", "created", "kiso", "parent"]
+    assert header["seq"] == 0 and header["type"] == "session" and header["parent"] is None
+    first = json.loads(lines[1])
+    assert list(first)[:4] == ["seq", "ts", "run", "type"]
+
+
+def test_existing_folders_keep_their_modes(home: Path, workspace: Path) -> None:
+    folder = home / "projects" / workspace_slug(workspace)
+    folder.mkdir(parents=True)
+    os.chmod(folder, 0o755)
+    JsonlSessionStore(home).create(workspace, session_id="s1").close()
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+
+
+def test_slug_is_readable_and_collision_free(tmp_path: Path) -> None:
+    (tmp_path / "a-b").mkdir()
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    one, two = workspace_slug(tmp_path / "a-b"), workspace_slug(tmp_path / "a" / "b")
+    assert one != two
+    assert one.rsplit("-", 1)[0].endswith("a-b")
+
+
+def _log_path(store: JsonlSessionStore, workspace: Path) -> Path:
+    with store.create(workspace, session_id="s1") as w:
+        w.append(*start())
+    return store.path_of("s1")
+
+
+def test_a_torn_tail_is_ignored_on_load_and_cut_before_the_next_append(
+    jsonl_store: JsonlSessionStore, workspace: Path
+) -> None:
+    path = _log_path(jsonl_store, workspace)
+    whole = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(b'{"seq":3,"ts":1,"run":"r1","type":"run_en')
+    log = jsonl_store.load("s1")
+    assert log.torn_tail and len(log.events) == 2
+    with jsonl_store.open("s1") as w:
+        assert path.read_bytes() == whole  # cut at open, before anything is appended
+        w.append(RunEnded(run="r1", outcome=Outcome.completed()))
+    log = jsonl_store.load("s1")
+    assert not log.torn_tail and [e.seq for e in log.events] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("garbage", "line", "reason"),
+    [
+        (b"not json\n", 4, "not valid JSON"),
+        (b'{"seq":3,"ts":1,"run":"r1","type":"bogus"}\n', 4, "unknown event type"),
+        (b'{"seq":5,"ts":1,"run":"r1","type":"run_ended","outcome":{"kind":"completed"}}\n', 4,
+         "seq 5 where 3 was expected"),
+        (b'{"seq":2,"ts":1,"run":"r1","type":"run_ended","outcome":{"kind":"completed"}}\n', 4,
+         "seq 2 where 3 was expected"),
+        (b"\n", 4, "not valid JSON"),
+        (b'{"seq":3,"ts":1,"run":"\xff"}\n', 4, "not UTF-8"),
+        (b'\x00{\x00}\x00\n', 4, "not valid JSON"),
+    ],
+)  # fmt: skip
+def test_anything_else_malformed_names_the_file_and_line(
+    jsonl_store: JsonlSessionStore, workspace: Path, garbage: bytes, line: int, reason: str
+) -> None:
+    path = _log_path(jsonl_store, workspace)
+    with open(path, "ab") as f:
+        f.write(garbage)
+    before = path.read_bytes()
+    for attempt in (lambda: jsonl_store.load("s1"), lambda: jsonl_store.open("s1")):
+        with pytest.raises(CorruptLogError) as info:
+            attempt()
+        assert info.value.line == line
+        assert str(path) in str(info.value) and reason in str(info.value)
+        assert f"line {line}" in str(info.value)
+    assert path.read_bytes() == before  # a damaged log is never modified
+    (row,) = jsonl_store.list(workspace)  # a listing still works, naming it corrupt
+    assert row.state.value == "corrupt" and f"line {line}" in (row.error or "")
+    assert row.workspace == os.path.realpath(workspace)
+    with open(path, "r+b") as f:  # repaired as the message says: the refusal left no lock behind
+        f.truncate(len(before) - len(garbage))
+    jsonl_store.open("s1").close()
+
+
+def test_a_corrupt_line_in_the_middle_is_not_a_torn_tail() -> None:
+    header = b'{"seq":0,"type":"session","v":1,"id":"s","workspace":"/w","created":1,"kiso":"x","parent":null}\n'  # noqa: E501
+    ok = b'{"seq":1,"ts":1,"run":"r","type":"user","content":"a","source":"user"}\n'
+    with pytest.raises(CorruptLogError, match="line 2"):
+        parse_log(header + b'{"seq":1,"ts"\n' + ok, "x.jsonl")
+    assert parse_log(header + ok + b'{"seq":2,"ts"', "x.jsonl").torn_tail
+    with pytest.raises(CorruptLogError, match="line 1: the file is empty"):
+        parse_log(b"", "x.jsonl")
+    with pytest.raises(CorruptLogError, match="header line is incomplete"):
+        parse_log(header[:20], "x.jsonl")
+    newer = header.replace(b'"v":1', b'"v":9')
+    with pytest.raises(CorruptLogError, match="upgrade kiso"):
+        parse_log(newer, "x.jsonl")
+
+
+def test_a_file_changed_underneath_the_writer_is_refused(
+    jsonl_store: JsonlSessionStore, workspace: Path
+) -> None:
+    with jsonl_store.create(workspace, session_id="s1") as w:
+        w.append(*start())
+        with open(jsonl_store.path_of("s1"), "ab") as f:
+            f.write(b"{}\n")
+        with pytest.raises(AppendError, match="changed underneath"):
+            w.append(RunEnded(run="r1", outcome=Outcome.completed()))
+
+
+def test_each_append_is_one_write_and_one_fsync(
+    jsonl_store: JsonlSessionStore, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    real_write, real_fsync = os.write, os.fsync
+    with jsonl_store.create(workspace, session_id="s1") as w:
+
+        def write(fd: int, data: bytes) -> int:
+            calls.append(f"write {bytes(data).count(10)}")
+            return real_write(fd, data)
+
+        def fsync(fd: int) -> None:
+            calls.append("fsync")
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "write", write)
+        monkeypatch.setattr(os, "fsync", fsync)
+        w.append(*start(), RunEnded(run="r1", outcome=Outcome.completed()))
+        w.append(User(run="r1", content="again"))
+    assert calls == ["write 3", "fsync", "write 1", "fsync"]
+
+
+def test_the_index_is_a_cache_rebuilt_when_stale(
+    jsonl_store: JsonlSessionStore, workspace: Path
+) -> None:
+    from kiso.kernel.index import INDEX_NAME, SidecarIndex
+
+    with jsonl_store.create(workspace, session_id="s1") as w:
+        w.append(*start())
+    jsonl_store.create(workspace, session_id="s2").close()
+    folder = jsonl_store.project_dir(workspace)
+    index = SidecarIndex(folder)
+    first = {r.id: r.state.value for r in index.refresh(jsonl_store.load_path)}
+    assert first == {"s1": "interrupted", "s2": "empty"}
+    assert sorted(index.rebuilt) == ["s1", "s2"]
+    index.refresh(jsonl_store.load_path)
+    assert index.rebuilt == []  # nothing changed: no log was read
+    with jsonl_store.open("s1") as w:
+        w.append(RunEnded(run="r1", outcome=Outcome.aborted("user")))
+    rows = {r.id: r.state.value for r in index.refresh(jsonl_store.load_path)}
+    assert index.rebuilt == ["s1"] and rows["s1"] == "ended"
+    # a lying cache (same stamp, wrong row) is believed only while the stamp holds ...
+    (folder / INDEX_NAME).write_text("{not json")
+    assert {r.id: r.state.value for r in index.refresh(jsonl_store.load_path)} == {
+        "s1": "ended",
+        "s2": "empty",
+    }
+    assert sorted(index.rebuilt) == ["s1", "s2"]
+    os.unlink(jsonl_store.path_of("s2"))
+    assert [r.id for r in index.refresh(jsonl_store.load_path)] == ["s1"]
+    assert set(json.loads((folder / INDEX_NAME).read_text())["sessions"]) == {"s1"}
+    assert stat.S_IMODE((folder / INDEX_NAME).stat().st_mode) == 0o600
