@@ -2,7 +2,8 @@
 
 Each takes the object, the key and the name of the thing being read, and returns the value with
 its static type or raises :class:`EventError` naming the field. They are small and called once per
-field, so validating a log stays close to the cost of decoding it.
+field. The events' own validators are generated (:mod:`kiso.kernel._codec`); these serve the
+nested values and the header, and report errors in the same words.
 """
 
 from __future__ import annotations
@@ -78,7 +79,3 @@ def only(d: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
     if not d.keys() <= allowed:
         extra = sorted(set(d) - allowed)
         raise EventError(f"{where}: unknown field(s) {', '.join(map(repr, extra))}")
-
-
-def envelope_keys(*names: str) -> frozenset[str]:
-    return frozenset(("seq", "ts", "run", "type", *names))
