@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import platform
 
-from bench import append, load, size
+from bench import append, load, runtime, size
 
 
 def main() -> None:
@@ -17,10 +17,12 @@ def main() -> None:
         append.run(300, 1)
         load.run(3_000, 1)
         size.run(200, 50)
+        runtime.run([50])
     else:
         append.run(10_000, 3)
         load.run(100_000, 5)
         size.run(1_000)
+        runtime.run([200, 1_000, 2_000])
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kiso.kernel import (
     Assistant,
@@ -58,20 +58,21 @@ def _execute(call: ToolCall, workspace: Path) -> str:
 
 
 def _run_call(writer: SessionWriter, call: ToolCall, workspace: Path) -> None:
-    started = ExecutionStarted(
-        run=RUN,
-        execution_id=f"{writer.id}:{writer.next_seq}",
-        call_id=call.call_id,
-        name=call.name,
-        input=call.input,
+    execution_id = f"{writer.id}:{writer.next_seq}"
+    writer.append(  # durable before the side effect
+        ExecutionStarted(
+            run=RUN,
+            execution_id=execution_id,
+            call_id=call.call_id,
+            name=call.name,
+            input=call.input,
+        )
     )
-    (started,) = writer.append(started)  # durable before the side effect
-    assert isinstance(started, ExecutionStarted)
     content = _execute(call, workspace)
     writer.append(
         ExecutionFinished(
             run=RUN,
-            execution_id=started.execution_id,
+            execution_id=execution_id,
             call_id=call.call_id,
             ok=True,
             content=content,
@@ -179,7 +180,7 @@ def run_demo(home: str | None) -> int:
                 for u in action.executions:
                     probe = (workspace / "notes.txt").read_text()
                     applied = str(u.input["content"]) in probe
-                    ruling = "applied" if applied else "rerun"
+                    ruling: Literal["applied", "rerun"] = "applied" if applied else "rerun"
                     _say(f"      notes.txt {'has' if applied else 'lacks'} the line: rule {ruling}")
                     writer.append(
                         ExecutionResolved(

@@ -20,7 +20,6 @@ Rules the fold applies:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from kiso.kernel._fast import gc_paused
 from kiso.kernel.events import (
@@ -156,61 +155,83 @@ class CallState:
         return decided.input_sha256 == self.digest
 
 
-@dataclass(slots=True)
 class Replay:
-    """The fold's result. ``messages`` is empty unless the replay rendered them."""
+    """The fold's state: what the log says so far. Feed it events in seq order.
 
-    messages: list[Message] = field(default_factory=list)
-    open_run: str | None = None
-    """The run with a ``run_started`` and no ``run_ended`` yet, if any."""
-    runs: int = 0
-    last_outcome: Outcome | None = None
-    turn: list[CallState] | None = None
-    """The calls of the open turn: the last ``assistant`` with calls not yet all settled."""
-    running: dict[str, CallState] = field(default_factory=dict)
-    """Executions started with no receipt and no ruling, by execution id, in start order."""
-    last_in_run: Assistant | User | None = None
-    """The last ``assistant`` or ``user`` of the open run."""
-    last_role: str | None = None
-    """The role of the last message the model would see: user, assistant or tool."""
-    title: str | None = None
-    user_inputs: int = 0
-    updated: int = 0
+    ``replay(events)`` folds a whole log; a live session keeps one ``Replay`` and feeds it each
+    event it appends, so asking for the next action or the next request costs nothing extra as
+    the session grows. ``messages`` is only built when ``render`` is true.
+    """
 
+    __slots__ = (
+        "_anchors",
+        "_by_execution",
+        "_calls",
+        "_covers",
+        "_last_anchor",
+        "_turn_anchor",
+        "_unsettled",
+        "last_in_run",
+        "last_outcome",
+        "last_role",
+        "messages",
+        "open_run",
+        "render",
+        "run_turns",
+        "running",
+        "runs",
+        "title",
+        "turn",
+        "turns",
+        "updated",
+        "user_inputs",
+    )
 
-def replay(events: Iterable[Event], *, render: bool = True) -> Replay:
-    """Fold ``events`` (the log after its header) in one pass."""
-    with gc_paused():
-        return _replay(events, render)
+    def __init__(self, *, render: bool = True) -> None:
+        self.render = render
+        self.messages: list[Message] = []
+        """The projection: what the model is shown."""
+        self.open_run: str | None = None
+        """The run with a ``run_started`` and no ``run_ended`` yet, if any."""
+        self.runs = 0
+        self.last_outcome: Outcome | None = None
+        self.turn: list[CallState] | None = None
+        """The calls of the open turn: the last ``assistant`` with calls not yet all settled."""
+        self.running: dict[str, CallState] = {}
+        """Executions started with no receipt and no ruling, by execution id, in start order."""
+        self.last_in_run: Assistant | User | None = None
+        """The last ``assistant`` or ``user`` of the open run."""
+        self.last_role: str | None = None
+        """The role of the last message the model would see: user, assistant or tool."""
+        self.title: str | None = None
+        self.turns = 0
+        """Committed model turns in the whole session."""
+        self.run_turns = 0
+        """Committed model turns in the open run."""
+        self.user_inputs = 0
+        self.updated = 0
+        self._anchors: list[int] = []  # the seq each message stands for, parallel to messages
+        self._calls: dict[str, CallState] = {}  # call_id -> the latest open call declaring it
+        self._by_execution: dict[str, CallState] = {}
+        self._turn_anchor = 0  # the seq of the open turn's assistant
+        self._unsettled = 0  # how many of its calls have no result yet
+        self._covers = 0  # the newest compaction's covers_to_seq
+        self._last_anchor = 0
 
+    def _emit(self, message: Message, anchor: int) -> None:
+        if anchor > self._covers:
+            self.last_role = message.role
+            self._last_anchor = anchor
+            if self.render:
+                self.messages.append(message)
+                self._anchors.append(anchor)
 
-def _replay(events: Iterable[Event], render: bool) -> Replay:
-    state = Replay()
-    messages = state.messages
-    anchors: list[int] = []  # the seq each message stands for, parallel to `messages`
-    calls: dict[str, CallState] = {}  # call_id -> the latest call that declared it
-    by_execution: dict[str, CallState] = {}
-    turn: list[CallState] | None = None
-    turn_anchor = 0  # the seq of the open turn's assistant
-    unsettled = 0  # how many of its calls have no result yet
-    covers = 0  # the newest compaction's covers_to_seq
-
-    last_anchor = 0
-
-    def emit(message: Message, anchor: int) -> None:
-        nonlocal last_anchor
-        if anchor > covers:
-            state.last_role = message.role
-            last_anchor = anchor
-            if render:
-                messages.append(message)
-                anchors.append(anchor)
-
-    def close_turn() -> None:
+    def _close_turn(self) -> None:
         """Emit the open turn's results in call order, with a note for each call still open."""
-        nonlocal turn
+        turn = self.turn
         if turn is None:
             return
+        calls = self._calls
         for cs in turn:
             if cs.result is None:
                 status = cs.status
@@ -224,105 +245,121 @@ def _replay(events: Iterable[Event], render: bool) -> Replay:
                 cs.result = new_tool_result(
                     call_id=cs.call.call_id, name=cs.call.name, content=note, is_error=True
                 )
-            emit(cs.result, turn_anchor)
+            self._emit(cs.result, self._turn_anchor)
             if calls.get(cs.call.call_id) is cs:
                 # A closed turn's calls are settled for good; what still refers to them later
                 # changes nothing, so let them go (a long log then folds in less memory).
                 del calls[cs.call.call_id]
-        turn = None
+        self.turn = None
 
-    def settle(cs: CallState, content: str, is_error: bool) -> None:
-        nonlocal unsettled
+    def _settle(self, cs: CallState, content: str, is_error: bool) -> None:
         cs.result = new_tool_result(
             call_id=cs.call.call_id, name=cs.call.name, content=content, is_error=is_error
         )
-        if turn is not None and cs.turn_seq == turn_anchor:
-            unsettled -= 1
-            if not unsettled:
-                close_turn()
+        if self.turn is not None and cs.turn_seq == self._turn_anchor:
+            self._unsettled -= 1
+            if not self._unsettled:
+                self._close_turn()
 
-    for ev in events:
-        if isinstance(ev, ExecutionStarted):
-            cs = calls.get(ev.call_id)
-            if cs is None:  # a start for a call no turn declared: still a possible side effect
-                cs = CallState(ToolCall(ev.call_id, ev.name, ev.input), ev.seq, ev.run)
-            previous = by_execution.get(ev.execution_id)
-            if previous is not None:  # an id reused: the newest start owns it
-                previous.running.pop(ev.execution_id, None)
-            cs.running[ev.execution_id] = ev
-            by_execution[ev.execution_id] = cs
-            state.running[ev.execution_id] = cs
-        elif isinstance(ev, ExecutionFinished):
-            cs = by_execution.get(ev.execution_id)
-            if cs is not None and cs.running.pop(ev.execution_id, None) is not None:
-                del state.running[ev.execution_id]
-                del by_execution[ev.execution_id]
-                cs.receipt = ev
-                if cs.result is None:
-                    settle(cs, ev.content, ev.is_error)
-        elif isinstance(ev, ApprovalDecided):
-            cs = calls.get(ev.call_id)
-            if cs is not None:
-                cs.add_verdict(ev)
-                if cs.decision is ev and ev.decision == "denied":
-                    reason = ev.reason or "no reason given"
-                    settle(cs, f"[denied by {ev.decided_by}] {reason}", True)
-        elif isinstance(ev, Assistant):
-            close_turn()
-            emit(new_assistant_message(blocks=ev.blocks), ev.seq)
-            new_calls = [CallState(b, ev.seq, ev.run) for b in ev.blocks if isinstance(b, ToolCall)]
-            for cs in new_calls:
-                calls[cs.call.call_id] = cs
-            turn = new_calls or None
-            turn_anchor = ev.seq
-            unsettled = len(new_calls)
-            if ev.run == state.open_run:
-                state.last_in_run = ev
-        elif isinstance(ev, ApprovalRequested):
-            cs = calls.get(ev.call_id)
-            if cs is not None and cs.result is None:
-                cs.request = ev
-        elif isinstance(ev, ExecutionResolved):
-            cs = by_execution.get(ev.execution_id)
-            if cs is not None and cs.running.pop(ev.execution_id, None) is not None:
-                del state.running[ev.execution_id]
-                del by_execution[ev.execution_id]
-                cs.resolution = ev
-                if cs.result is None:
-                    if ev.resolution == "skipped":
-                        settle(cs, SKIPPED, True)
-                    elif ev.resolution == "applied":
-                        settle(cs, APPLIED, False)
-                    # "rerun": the call is approved again and its next execution settles it
-        elif isinstance(ev, User):
-            close_turn()
-            content = (TextBlock(ev.content),) if isinstance(ev.content, str) else ev.content
-            emit(UserMessage(content), ev.seq)
-            if ev.run == state.open_run:
-                state.last_in_run = ev
-            state.user_inputs += 1
-            if state.title is None and ev.source == "user":
-                state.title = ev.text
-        elif isinstance(ev, RunStarted):
-            close_turn()
-            state.open_run = ev.run
-            state.last_in_run = None
-            state.runs += 1
-        elif isinstance(ev, RunEnded):
-            close_turn()
-            if ev.run == state.open_run:
-                state.open_run = None
-                state.last_in_run = None
-            state.last_outcome = ev.outcome
-        elif isinstance(ev, Compacted):
-            covers = max(covers, ev.covers_to_seq)
-            if last_anchor <= covers:
-                state.last_role = "user"  # the summary is all that is left
-            if render:
-                keep = [i for i, a in enumerate(anchors) if a > covers]
-                summary = UserMessage((TextBlock(f"{SUMMARY_FRAMING}\n\n{ev.summary}"),))
-                messages[:] = [summary, *(messages[i] for i in keep)]
-                anchors[:] = [ev.seq, *(anchors[i] for i in keep)]
-        state.updated = ev.ts
-    state.turn = turn
-    return state
+    def feed(self, events: Iterable[Event]) -> Replay:
+        """Fold ``events`` (the next ones, in seq order) into the state; returns ``self``."""
+        with gc_paused():
+            self._feed(events)
+        return self
+
+    def _feed(self, events: Iterable[Event]) -> None:
+        calls, by_execution, running = self._calls, self._by_execution, self.running
+        for ev in events:
+            if isinstance(ev, ExecutionStarted):
+                cs = calls.get(ev.call_id)
+                if cs is None:  # a start for a call no open turn declared: still an effect
+                    cs = CallState(ToolCall(ev.call_id, ev.name, ev.input), ev.seq, ev.run)
+                previous = by_execution.get(ev.execution_id)
+                if previous is not None:  # an id reused: the newest start owns it
+                    previous.running.pop(ev.execution_id, None)
+                cs.running[ev.execution_id] = ev
+                by_execution[ev.execution_id] = cs
+                running[ev.execution_id] = cs
+            elif isinstance(ev, ExecutionFinished):
+                cs = by_execution.get(ev.execution_id)
+                if cs is not None and cs.running.pop(ev.execution_id, None) is not None:
+                    del running[ev.execution_id]
+                    del by_execution[ev.execution_id]
+                    cs.receipt = ev
+                    if cs.result is None:
+                        self._settle(cs, ev.content, ev.is_error)
+            elif isinstance(ev, ApprovalDecided):
+                cs = calls.get(ev.call_id)
+                if cs is not None:
+                    cs.add_verdict(ev)
+                    if cs.decision is ev and ev.decision == "denied":
+                        reason = ev.reason or "no reason given"
+                        self._settle(cs, f"[denied by {ev.decided_by}] {reason}", True)
+            elif isinstance(ev, Assistant):
+                self._close_turn()
+                self._emit(new_assistant_message(blocks=ev.blocks), ev.seq)
+                new_calls = [
+                    CallState(b, ev.seq, ev.run) for b in ev.blocks if isinstance(b, ToolCall)
+                ]
+                for cs in new_calls:
+                    calls[cs.call.call_id] = cs
+                self.turn = new_calls or None
+                self._turn_anchor = ev.seq
+                self._unsettled = len(new_calls)
+                self.turns += 1
+                if ev.run == self.open_run:
+                    self.last_in_run = ev
+                    self.run_turns += 1
+            elif isinstance(ev, ApprovalRequested):
+                cs = calls.get(ev.call_id)
+                if cs is not None and cs.result is None:
+                    cs.request = ev
+            elif isinstance(ev, ExecutionResolved):
+                cs = by_execution.get(ev.execution_id)
+                if cs is not None and cs.running.pop(ev.execution_id, None) is not None:
+                    del running[ev.execution_id]
+                    del by_execution[ev.execution_id]
+                    cs.resolution = ev
+                    if cs.result is None:
+                        if ev.resolution == "skipped":
+                            self._settle(cs, SKIPPED, True)
+                        elif ev.resolution == "applied":
+                            self._settle(cs, APPLIED, False)
+                        # "rerun": the call is approved again and its next execution settles it
+            elif isinstance(ev, User):
+                self._close_turn()
+                content = (TextBlock(ev.content),) if isinstance(ev.content, str) else ev.content
+                self._emit(UserMessage(content), ev.seq)
+                if ev.run == self.open_run:
+                    self.last_in_run = ev
+                self.user_inputs += 1
+                if self.title is None and ev.source == "user":
+                    self.title = ev.text
+            elif isinstance(ev, RunStarted):
+                self._close_turn()
+                self.open_run = ev.run
+                self.last_in_run = None
+                self.run_turns = 0
+                self.runs += 1
+            elif isinstance(ev, RunEnded):
+                self._close_turn()
+                if ev.run == self.open_run:
+                    self.open_run = None
+                    self.last_in_run = None
+                self.last_outcome = ev.outcome
+            elif isinstance(ev, Compacted):
+                covers = self._covers = max(self._covers, ev.covers_to_seq)
+                if self._last_anchor <= covers:
+                    self.last_role = "user"  # the summary is all that is left
+                if self.render:
+                    anchors, messages = self._anchors, self.messages
+                    keep = [i for i, a in enumerate(anchors) if a > covers]
+                    summary = UserMessage((TextBlock(f"{SUMMARY_FRAMING}\n\n{ev.summary}"),))
+                    messages[:] = [summary, *(messages[i] for i in keep)]
+                    anchors[:] = [ev.seq, *(anchors[i] for i in keep)]
+            self.updated = ev.ts
+
+
+def replay(events: Iterable[Event], *, render: bool = True) -> Replay:
+    """Fold a whole log (the events after its header) in one pass."""
+    return Replay(render=render).feed(events)

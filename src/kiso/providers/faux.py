@@ -1,0 +1,242 @@
+"""The scripted model: every end-to-end path runs offline, deterministically, with no key.
+
+A script is ``{"turns": [turn, ...]}``, one turn per model response::
+
+    {"text": "Let me look.",                     optional, streamed in small pieces
+     "thinking": "...",                          optional
+     "tool_calls": [{"name": "read_file", "input": {"path": "a.txt"}}],   optional
+     "stop": "tool_use",                         optional: tool_use with calls, else end_turn
+     "usage": {"input": 10, "output": 5},        optional (missing counts are null)
+     "delay_ms": 200,                            optional: spread over the stream
+     "error": {"status": 429, "message": "slow down"}}   optional: this attempt fails instead
+
+``KISO_FAUX_SCRIPT=<file>`` selects it. The format is a public contract: users script demos and
+tests with it. Positions are derived from the log, not kept in memory: the turn a request gets is
+the one after the turn the session last committed, so a resumed session continues from the next
+unconsumed turn. An ``error`` turn fails one attempt and is consumed by it (the retry gets the next
+turn); after a restart, error turns before the next committed turn are replayed, as a real
+provider would fail again. A script that runs out ends the run with a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kiso.kernel import KisoError, TextBlock, ThinkingBlock, ToolCall, Usage
+from kiso.kernel.events import ASSISTANT_STOPS, AssistantBlock
+from kiso.providers.base import (
+    ModelRequest,
+    ProviderError,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+    TurnDone,
+    retryable_status,
+)
+
+__all__ = ["FauxAdapter", "FauxTurn", "ScriptError", "load_script", "parse_script"]
+
+_TURN_KEYS = frozenset({"text", "thinking", "tool_calls", "stop", "usage", "delay_ms", "error"})
+
+
+class ScriptError(KisoError, ValueError):
+    """A faux script is malformed; the message names the turn and the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class FauxTurn:
+    text: str = ""
+    thinking: str = ""
+    tool_calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+    stop: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    delay_ms: int = 0
+    error: tuple[int, str] | None = None
+
+
+def _turn(raw: Any, where: str) -> FauxTurn:
+    if not isinstance(raw, dict):
+        raise ScriptError(f"{where}: must be an object")
+    unknown = set(raw) - _TURN_KEYS
+    if unknown:
+        raise ScriptError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+            f"a turn may have {', '.join(sorted(_TURN_KEYS))}"
+        )
+    text, thinking = raw.get("text", ""), raw.get("thinking", "")
+    if not isinstance(text, str) or not isinstance(thinking, str):
+        raise ScriptError(f"{where}: text and thinking must be strings")
+    calls: list[tuple[str, dict[str, Any]]] = []
+    raw_calls = raw.get("tool_calls", [])
+    if not isinstance(raw_calls, list):
+        raise ScriptError(f"{where}.tool_calls: must be a list of {{name, input}}")
+    for i, c in enumerate(raw_calls):
+        if (
+            not isinstance(c, dict)
+            or not isinstance(c.get("name"), str)
+            or not isinstance(c.get("input", {}), dict)
+            or set(c) - {"name", "input"}
+        ):
+            raise ScriptError(f'{where}.tool_calls[{i}]: must be {{"name": str, "input": object}}')
+        calls.append((c["name"], dict(c.get("input", {}))))
+    stop = raw.get("stop")
+    if stop is not None and stop not in ASSISTANT_STOPS:
+        raise ScriptError(f"{where}.stop: must be one of {', '.join(sorted(ASSISTANT_STOPS))}")
+    usage_raw = raw.get("usage", {})
+    if not isinstance(usage_raw, dict) or set(usage_raw) - {
+        "input",
+        "output",
+        "cache_read",
+        "cache_write",
+    }:
+        raise ScriptError(
+            f"{where}.usage: must be an object of input/output/cache_read/cache_write"
+        )
+    for k, v in usage_raw.items():
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ScriptError(f"{where}.usage.{k}: must be a non-negative integer or null")
+    delay = raw.get("delay_ms", 0)
+    if not isinstance(delay, int) or isinstance(delay, bool) or delay < 0:
+        raise ScriptError(f"{where}.delay_ms: must be a non-negative integer")
+    error = raw.get("error")
+    parsed_error: tuple[int, str] | None = None
+    if error is not None:
+        if (
+            not isinstance(error, dict)
+            or not isinstance(error.get("status"), int)
+            or not isinstance(error.get("message", ""), str)
+        ):
+            raise ScriptError(f'{where}.error: must be {{"status": int, "message": str}}')
+        parsed_error = (error["status"], error.get("message", ""))
+    return FauxTurn(
+        text=text,
+        thinking=thinking,
+        tool_calls=tuple(calls),
+        stop=stop,
+        usage=Usage(**usage_raw),
+        delay_ms=delay,
+        error=parsed_error,
+    )
+
+
+def parse_script(data: Any, source: str = "faux script") -> tuple[FauxTurn, ...]:
+    """Validate a decoded script."""
+    if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
+        raise ScriptError(f'{source}: expected {{"turns": [ ... ]}}')
+    if set(data) - {"turns"}:
+        raise ScriptError(f"{source}: unknown key(s) {', '.join(sorted(set(data) - {'turns'}))}")
+    return tuple(_turn(t, f"{source}: turns[{i}]") for i, t in enumerate(data["turns"]))
+
+
+def load_script(path: str | os.PathLike[str]) -> tuple[FauxTurn, ...]:
+    """Read and validate a script file (``KISO_FAUX_SCRIPT``)."""
+    try:
+        raw = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScriptError(f"cannot read the faux script {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ScriptError(f"the faux script {path} is not valid JSON: {exc}") from None
+    return parse_script(data, str(path))
+
+
+class FauxAdapter:
+    """A model that plays a script. ``provider`` is ``faux``; ``model`` names the script."""
+
+    provider = "faux"
+
+    def __init__(
+        self, turns: tuple[FauxTurn, ...] | list[Mapping[str, Any]], *, model: str = "faux"
+    ):
+        ready = tuple(t for t in turns if isinstance(t, FauxTurn))
+        self.turns: tuple[FauxTurn, ...] = (
+            ready if len(ready) == len(turns) else parse_script({"turns": list(turns)})
+        )
+        self.model = model
+        self._attempts: dict[int, int] = {}
+        """Error turns consumed in this process, per committed-turn count."""
+        self._committed_positions = [i for i, t in enumerate(self.turns) if t.error is None]
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> FauxAdapter:
+        return cls(load_script(path), model=f"faux:{Path(path).name}")
+
+    def position(self, turn: int) -> int:
+        """The script index the next attempt of request ``turn`` plays: the entry after the
+        turn-th committed one, plus the error entries this process has consumed since."""
+        committed = self._committed_positions
+        if turn == 0:
+            base = 0
+        elif turn <= len(committed):
+            base = committed[turn - 1] + 1
+        else:
+            base = len(self.turns)
+        return base + self._attempts.get(turn, 0)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        index = self.position(request.turn)
+        if index >= len(self.turns):
+            raise ProviderError(
+                f"the faux script has no turn {index + 1} (it has {len(self.turns)}): the scripted "
+                f"session is over. Set an API key and a model profile to talk to a real model, "
+                f"or add turns to the script.",
+                code="script_exhausted",
+                retryable=False,
+            )
+        turn = self.turns[index]
+        pieces = _pieces(turn.thinking) + _pieces(turn.text)
+        pause = turn.delay_ms / 1000 / max(len(pieces) + 1, 1)
+        if turn.error is not None:
+            self._attempts[request.turn] = self._attempts.get(request.turn, 0) + 1
+            if pause:
+                await asyncio.sleep(pause)
+            status, message = turn.error
+            raise ProviderError(
+                message or f"scripted error {status}",
+                status=status,
+                code=_code(status),
+                retryable=retryable_status(status),
+            )
+        for piece in _pieces(turn.thinking):
+            if pause:
+                await asyncio.sleep(pause)
+            yield ThinkingDelta(piece)
+        for piece in _pieces(turn.text):
+            if pause:
+                await asyncio.sleep(pause)
+            yield TextDelta(piece)
+        if pause:
+            await asyncio.sleep(pause)
+        blocks: list[AssistantBlock] = []
+        if turn.thinking:
+            blocks.append(ThinkingBlock(turn.thinking))
+        if turn.text:
+            blocks.append(TextBlock(turn.text))
+        for i, (name, args) in enumerate(turn.tool_calls):
+            blocks.append(ToolCall(f"call_{index}_{i}", name, dict(args)))
+        stop = turn.stop or ("tool_use" if turn.tool_calls else "end_turn")
+        yield TurnDone(tuple(blocks), stop, turn.usage, self.model)
+
+
+def _pieces(text: str, size: int = 12) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _code(status: int) -> str:
+    return {
+        400: "invalid_request",
+        401: "auth",
+        403: "auth",
+        404: "not_found",
+        408: "timeout",
+        409: "conflict",
+        429: "rate_limit",
+        529: "overloaded",
+    }.get(status, "api_5xx" if status >= 500 else "unknown")

@@ -1,0 +1,192 @@
+""" "Don't ask again": allow-only rules in a file a person can read, edit and delete.
+
+``$KISO_HOME/dont-ask-again.rules``, one rule per line::
+
+    # comments and blank lines are ignored
+    shell: npm test            a command prefix: "npm test", "npm test -- -k x"
+    edit_file: src/**          a path glob, relative to the workspace
+    read_file                  the whole tool
+
+A rule can only allow. It never allows a shell command with control operators, substitutions or
+redirections (``;``, ``&&``, ``|``, ``$(``, backticks, ``>``...), never a file tool on a path under
+``.git/`` or ``.kiso/``, and the floor denies before any rule is consulted (deny > allow), so a
+destructive command or a write into ``.git`` reaches a human every time. Deleting a line revokes
+it; deleting the file revokes them all. A malformed line is a loud error naming the file and line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from kiso.kernel import KisoError, ToolCall
+from kiso.tools.base import Effects, Tool
+
+__all__ = ["RULES_FILE", "Rule", "RulesError", "RulesFile", "rule_for"]
+
+RULES_FILE = "dont-ask-again.rules"
+HEADER = (
+    '# kiso: "don\'t ask again" rules. Allow-only: each line lets one tool (and, for shell, a\n'
+    "# command prefix; for files, a path glob) run without asking. Delete a line, or this file,\n"
+    "# to be asked again. Destructive commands and writes into .git/ or .kiso/ always ask.\n"
+)
+_LINE = re.compile(r"^(?P<tool>[A-Za-z0-9_\-]+)(?:\s*:\s*(?P<pattern>.*\S))?\s*$")
+_SHELL_META = re.compile(r"[;&|<>`$()\n\\]")
+PROTECTED_DIRS = (".git", ".kiso")
+
+
+class RulesError(KisoError):
+    """The rules file is malformed; the message names the file and the line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    tool: str
+    pattern: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.tool if self.pattern is None else f"{self.tool}: {self.pattern}"
+
+    def matches(self, call: ToolCall, tool: Tool | None, workspace: Path) -> bool:
+        if call.name != self.tool:
+            return False
+        effects = tool.effects if tool is not None else Effects.OTHER
+        if effects is Effects.SHELL:
+            command = call.input.get("command")
+            if not isinstance(command, str) or _SHELL_META.search(command):
+                return False
+            if self.pattern is None:
+                return True
+            words, prefix = command.split(), self.pattern.split()
+            return words[: len(prefix)] == prefix
+        path = call.input.get("path")
+        if isinstance(path, str):
+            relative = _relative(path, workspace)
+            if relative is None or _protected(relative):
+                return False
+            return self.pattern is None or _glob(self.pattern).fullmatch(relative) is not None
+        return self.pattern is None
+
+
+def _relative(path: str, workspace: Path) -> str | None:
+    absolute = os.path.normpath(os.path.join(workspace, path))
+    try:
+        rel = os.path.relpath(absolute, workspace)
+    except ValueError:
+        return None
+    return None if rel == ".." or rel.startswith("../") else PurePosixPath(rel).as_posix()
+
+
+def _protected(relative: str) -> bool:
+    return any(part in PROTECTED_DIRS for part in PurePosixPath(relative).parts)
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+def rule_for(call: ToolCall, tool: Tool | None, workspace: Path) -> Rule | None:
+    """The narrowest rule that would allow ``call`` again, or None where none may exist."""
+    effects = tool.effects if tool is not None else Effects.OTHER
+    if effects is Effects.SHELL:
+        command = call.input.get("command")
+        if not isinstance(command, str) or not command.strip() or _SHELL_META.search(command):
+            return None
+        return Rule(call.name, " ".join(command.split()))
+    path = call.input.get("path")
+    if isinstance(path, str):
+        relative = _relative(path, workspace)
+        if relative is None or _protected(relative):
+            return None
+        return Rule(call.name, relative)
+    return Rule(call.name)
+
+
+class RulesFile:
+    """The rules file, read fresh on every decision so that an edit takes effect at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._cache: tuple[tuple[int, int, int], list[Rule]] | None = None
+
+    def load(self) -> list[Rule]:
+        """The rules as the file says now (re-read whenever its size, mtime or inode change)."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise RulesError(f"cannot read {self.path}: {exc.strerror}") from None
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+        if self._cache is not None and self._cache[0] == stamp:
+            return list(self._cache[1])
+        rules = self._parse()
+        self._cache = (stamp, rules)
+        return list(rules)
+
+    def _parse(self) -> list[Rule]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise RulesError(f"cannot read {self.path}: {exc.strerror}") from None
+        rules: list[Rule] = []
+        for number, line in enumerate(text.splitlines(), 1):
+            stripped = line.strip()
+            if not stripped or stripped.startswith("#"):
+                continue
+            m = _LINE.match(stripped)
+            if m is None:
+                raise RulesError(
+                    f"{self.path}, line {number}: {stripped!r} is not a rule; write "
+                    f"'tool' or 'tool: pattern' (or delete the line)"
+                )
+            rules.append(Rule(m["tool"], m["pattern"]))
+        return rules
+
+    def match(self, call: ToolCall, tool: Tool | None, workspace: Path) -> Rule | None:
+        return next((r for r in self.load() if r.matches(call, tool, workspace)), None)
+
+    def add(self, rule: Rule) -> None:
+        """Append ``rule`` (atomically: the file is rewritten and renamed into place)."""
+        existing = self.load()
+        if rule in existing:
+            return
+        try:
+            current = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            current = HEADER
+        if current and not current.endswith("\n"):
+            current += "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, (current + rule.text + "\n").encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": str(self.path), "rules": [r.text for r in self.load()]}

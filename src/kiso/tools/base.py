@@ -1,0 +1,126 @@
+"""The tool contract: what a tool declares, what it receives, what it returns.
+
+A tool is a name, a description, a JSON Schema for its input, an ``execute`` function and a
+declaration of its effects. The runtime validates the model's input against the schema before
+anything runs (a bad input is an error result the model sees, never an exception), records
+``execution_started`` durably, calls ``execute``, and records the receipt.
+
+``effects`` drives policy:
+
+* ``read``  - no side effects. Allowed in every mode but ``plan`` too; may run in parallel with the
+  turn's other reads; re-run automatically if a crash leaves it uncertain.
+* ``edit``  - changes files in the workspace. Allowed by ``accept-edits``; asks in ``default``.
+* ``shell`` - runs commands. Asks in ``default`` and ``accept-edits``; checked by the floor.
+* ``other`` - any other side effect. Asks unless a mode or rule allows it.
+
+``idempotent=True`` says repeating the call is harmless, so an uncertain execution is re-run
+without asking (recorded as ``decided_by: "policy:idempotent"``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeAlias
+
+__all__ = [
+    "Effects",
+    "Tool",
+    "ToolContext",
+    "ToolResult",
+    "define_tool",
+]
+
+
+class Effects(StrEnum):
+    READ = "read"
+    EDIT = "edit"
+    SHELL = "shell"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a tool returns. ``content`` is what the model reads."""
+
+    content: str
+    is_error: bool = False
+    error_kind: str | None = None
+    """One of invalid_input, precondition, transient, fatal, timeout, aborted (errors only)."""
+    truncated: bool | None = None
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """What the runtime hands a tool for one execution."""
+
+    workspace: Path
+    """The workspace root; every path a tool touches is resolved inside it (kiso.tools.paths)."""
+    execution_id: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    """The environment for child processes, with credentials already stripped."""
+    cancelled: Callable[[], bool] = lambda: False
+    """True once the run is being aborted; long-running tools should stop and say so."""
+
+
+Execute: TypeAlias = Callable[
+    [dict[str, Any], ToolContext], "ToolResult | str | Awaitable[ToolResult | str]"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """A JSON Schema (draft 2020-12) for the input object."""
+    execute: Execute
+    effects: Effects = Effects.OTHER
+    idempotent: bool = False
+
+    @property
+    def rerunnable(self) -> bool:
+        """Safe to run again after a crash left an execution uncertain."""
+        return self.effects is Effects.READ or self.idempotent
+
+    @property
+    def parallel_safe(self) -> bool:
+        return self.effects is Effects.READ
+
+    async def run(self, input: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        """Call ``execute`` (sync functions run in a worker thread) and normalise its result."""
+        import asyncio
+
+        if inspect.iscoroutinefunction(self.execute):
+            out = await self.execute(input, ctx)
+        else:
+            out = await asyncio.to_thread(self.execute, input, ctx)
+            if inspect.isawaitable(out):
+                out = await out
+        if isinstance(out, str):
+            return ToolResult(out)
+        if isinstance(out, ToolResult):
+            return out
+        raise TypeError(
+            f"tool {self.name!r} returned {type(out).__name__}; return a str or a ToolResult"
+        )
+
+
+def define_tool(
+    name: str,
+    description: str,
+    parameters: dict[str, Any],
+    execute: Execute,
+    *,
+    effects: Effects | str = Effects.OTHER,
+    idempotent: bool = False,
+) -> Tool:
+    """Declare a tool. ``parameters`` is the JSON Schema of its input object."""
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"tool name {name!r}: use letters, digits, '_' or '-'")
+    if parameters.get("type") != "object":
+        raise ValueError(f"tool {name!r}: parameters must be a JSON Schema with type 'object'")
+    return Tool(name, description, parameters, execute, Effects(effects), idempotent)

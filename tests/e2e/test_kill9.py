@@ -1,0 +1,110 @@
+"""The kill -9 story: a real agent process and its shell child are SIGKILLed mid-command, as a
+machine crash would; a fresh process resumes the same trajectory without repeating anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from kiso.kernel import ExecutionResolved, JsonlSessionStore, RunEnded, plan
+from kiso.kernel.recovery import ResolveUncertain
+
+DRIVER = Path(__file__).with_name("driver.py")
+EDIT = {"edits": [{"oldText": "OLD", "newText": "NEW"}]}
+SLOW = "sleep 30 && touch marker.txt"
+SCRIPT = {
+    "turns": [
+        {"tool_calls": [{"name": "edit_file", "input": {"path": "f1.txt", **EDIT}}]},
+        {"tool_calls": [{"name": "shell", "input": {"command": SLOW}}]},
+        {"tool_calls": [{"name": "edit_file", "input": {"path": "f3.txt", **EDIT}}]},
+        {"text": "All done."},
+    ]
+}
+
+
+def shell_groups() -> set[int]:
+    """Process groups of running commands that would create the marker."""
+    out = subprocess.run(
+        ["ps", "-eo", "pgid=,args="], capture_output=True, text=True, check=True
+    ).stdout
+    return {
+        int(line.split(None, 1)[0])
+        for line in out.splitlines()
+        if "marker.txt" in line and "sleep" in line and "ps -eo" not in line
+    }
+
+
+def test_kill9_mid_shell_then_resume_continues_the_same_trajectory(tmp_path: Path) -> None:
+    home, ws, script = tmp_path / "home", tmp_path / "ws", tmp_path / "script.json"
+    ws.mkdir()
+    for name in ("f1.txt", "f3.txt"):
+        (ws / name).write_text("OLD\n")
+    script.write_text(json.dumps(SCRIPT))
+    env = {**os.environ, "KISO_FAUX_SCRIPT": str(script)}
+    env.pop("KISO_FAILPOINT", None)
+    argv = [sys.executable, str(DRIVER), str(home), str(ws), "k9"]
+    agent = subprocess.Popen(
+        [*argv, "run", "edit, run the suite, edit"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        groups: set[int] = set()
+        while time.monotonic() < deadline:
+            log_files = list(home.glob("projects/*/k9.jsonl"))
+            text = log_files[0].read_text() if log_files else ""
+            groups = shell_groups()
+            if text.count('"type":"execution_started"') == 2 and groups:
+                break
+            assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the shell never started")
+        time.sleep(0.2)
+        os.killpg(agent.pid, signal.SIGKILL)  # the agent's whole process group
+        for group in groups:  # and the shell's own group, as a machine crash would
+            os.killpg(group, signal.SIGKILL)
+        assert agent.wait(10) == -signal.SIGKILL
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        if agent.stderr:
+            agent.stderr.close()
+    time.sleep(0.1)
+    assert not shell_groups()
+
+    log = JsonlSessionStore(home).load("k9")  # the log loads
+    action = plan(log.events, rerunnable={"read_file", "list_dir", "search_text"})
+    assert isinstance(action, ResolveUncertain)
+    assert [u.name for u in action.executions] == ["shell"]  # exactly one uncertain execution
+    assert not (ws / "marker.txt").exists()
+    assert (ws / "f1.txt").read_text() == "NEW\n"  # the first edit is on disk
+    assert (ws / "f3.txt").read_text() == "OLD\n"
+    assert not any(isinstance(e, RunEnded) for e in log.events)
+
+    resumed = subprocess.run(
+        [*argv, "resume", "skipped"], env=env, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    seen = [json.loads(line)["type"] for line in resumed.stdout.splitlines()]
+    assert seen[0] == "uncertain"
+    final = JsonlSessionStore(home).load("k9")
+    assert (ws / "f3.txt").read_text() == "NEW\n"  # the trajectory continued
+    assert not (ws / "marker.txt").exists()  # the skipped command was not run again
+    assert sum(isinstance(e, ExecutionResolved) for e in final.events) == 1
+    starts = Counter(e.call_id for e in final.events if e.type == "execution_started")  # type: ignore[union-attr]
+    assert starts == {"call_0_0": 1, "call_1_0": 1, "call_2_0": 1}  # nothing before it repeated
+    ends = [e for e in final.events if isinstance(e, RunEnded)]
+    assert len(ends) == 1 and ends[0].outcome.kind == "completed"
+    assert final.events[: len(log.events)] == log.events  # the prefix is untouched
