@@ -1,0 +1,239 @@
+"""What the five file tools share: limits, revisions, atomic writes, argument readers, errors.
+
+Every tool resolves its paths with :func:`kiso.tools.paths.resolve_in_workspace`, so nothing outside
+the workspace is read, listed, searched or written, whether it is named directly, through ``..``
+or through a symlink. Every refusal is an error result the model can act on (never an exception):
+bad input and refused paths are ``invalid_input``, a stale ``expectedRevision`` is
+``precondition``.
+
+A file's revision is the first 16 hex digits of the SHA-256 of its bytes. read_file, write_file and
+edit_file end their result with ``[rev:<revision>]``; edit_file refuses to write when it is given
+an ``expectedRevision`` that no longer matches, so an edit is never made against stale text.
+Writes are atomic: a temporary file in the same directory, fsync, ``os.replace``, fsync of the
+directory. A reader sees the old bytes or the new, never a mix, and a crash leaves one or the other.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kiso.tools.base import ToolContext, ToolResult
+from kiso.tools.paths import PathOutsideWorkspace, display_path, resolve_in_workspace
+
+__all__ = [
+    "SKIPPED_DIRS",
+    "Refused",
+    "atomic_write",
+    "bool_arg",
+    "existing",
+    "guarded",
+    "int_arg",
+    "line_text",
+    "looks_binary",
+    "plural",
+    "regular_file",
+    "revision",
+    "str_arg",
+]
+
+SKIPPED_DIRS: frozenset[str] = frozenset({".git", "node_modules", ".venv", "__pycache__"})
+"""Listed by list_dir but never descended into by list_dir or search_text."""
+
+
+BINARY_SNIFF = 8192
+"""A file with a NUL byte in its first 8 KiB is binary."""
+
+READ_DEFAULT_LINES = 200
+READ_MAX_LINES = 2000
+READ_LINE_CHARS = 2000
+LIST_DEFAULT_DEPTH = 2
+LIST_MAX_DEPTH = 5
+LIST_MAX_ENTRIES = 500
+SEARCH_DEFAULT_RESULTS = 200
+SEARCH_MAX_RESULTS = 1000
+SEARCH_LINE_CHARS = 300
+SEARCH_MAX_FILE_BYTES = 20 * 1024 * 1024
+EDIT_MAX_EDITS = 50
+_DIFF_BUDGET = 4_000_000
+
+
+def revision(data: bytes) -> str:
+    """The revision of a file's bytes: the first 16 hex digits of their SHA-256."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace the content of ``path`` with ``data`` atomically and durably.
+
+    Writes a temporary file beside ``path``, fsyncs it, renames it over ``path`` and fsyncs the
+    directory. An existing file keeps its permission bits; a new one gets 0o666 minus the umask.
+    On any failure the temporary file is removed and ``path`` is unchanged. The parent directory
+    must exist.
+    """
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = None
+    directory = path.parent
+    tmp = directory / f".{path.name[:64]}.{secrets.token_hex(6)}.kiso-tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals: every problem a file tool meets becomes an error result, never an exception.
+
+Body = Callable[[dict[str, Any], ToolContext], str]
+
+
+class Refused(Exception):
+    """A tool declines the call; the message tells the model what to do instead."""
+
+    def __init__(self, message: str, *, kind: str = "invalid_input") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def guarded(body: Body) -> Callable[[dict[str, Any], ToolContext], ToolResult]:
+    """Run a tool body; turn refusals, sandbox escapes and OS errors into error results."""
+
+    @functools.wraps(body)
+    def execute(input: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            return ToolResult(body(input, ctx))
+        except Refused as exc:
+            return ToolResult(str(exc), is_error=True, error_kind=exc.kind)
+        except PathOutsideWorkspace as exc:
+            return ToolResult(str(exc), is_error=True, error_kind="invalid_input")
+        except OSError as exc:
+            return ToolResult(_os_error_message(exc), is_error=True, error_kind=_os_error_kind(exc))
+
+    return execute
+
+
+_INPUT_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG}
+_PRECONDITION_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.EEXIST}
+_TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ETXTBSY}
+
+
+def _os_error_kind(exc: OSError) -> str:
+    if exc.errno in _INPUT_ERRNOS:
+        return "invalid_input"
+    if exc.errno in _PRECONDITION_ERRNOS:
+        return "precondition"
+    if exc.errno in _TRANSIENT_ERRNOS:
+        return "transient"
+    return "fatal"
+
+
+def _os_error_message(exc: OSError) -> str:
+    reason = exc.strerror or str(exc)
+    name = Path(exc.filename).name if isinstance(exc.filename, str) else None
+    where = f" ({name})" if name else ""
+    return f"the operation failed: {reason}{where}; nothing was changed by the failed step"
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments, already schema-checked by the runtime, read defensively all the same.
+
+
+def str_arg(input: dict[str, Any], name: str, default: str | None = None) -> str:
+    value = input.get(name, default)
+    if value is None:
+        raise Refused(f"{name} is required")
+    if not isinstance(value, str):
+        raise Refused(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def int_arg(input: dict[str, Any], name: str, default: int, low: int, high: int | None) -> int:
+    value = input.get(name, default)
+    if value is None:
+        value = default
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        bounds = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise Refused(f"{name} must be an integer {bounds}, got {value!r}")
+    return value
+
+
+def bool_arg(input: dict[str, Any], name: str, default: bool) -> bool:
+    value = input.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise Refused(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths and bytes.
+
+
+def existing(ctx: ToolContext, raw: str) -> Path:
+    """``raw`` resolved inside the workspace; it must exist."""
+    try:
+        return resolve_in_workspace(ctx.workspace, raw, must_exist=True)
+    except FileNotFoundError:
+        raise Refused(
+            f"{raw!r} does not exist in the workspace; use list_dir or search_text to find the "
+            f"right path"
+        ) from None
+
+
+def regular_file(ctx: ToolContext, raw: str) -> tuple[Path, str]:
+    """An existing regular file inside the workspace, and its path as the model should see it."""
+    target = existing(ctx, raw)
+    shown = display_path(ctx.workspace, target)
+    if target.is_dir():
+        raise Refused(f"{shown} is a directory; use list_dir to list it")
+    if not target.is_file():
+        raise Refused(f"{shown} is not a regular file (a device, pipe or socket); it was not read")
+    return target, shown
+
+
+def plural(count: int, one: str, many: str) -> str:
+    return f"{count:,} {one if count == 1 else many}"
+
+
+def looks_binary(head: bytes) -> bool:
+    return b"\x00" in head
+
+
+def line_text(raw: bytes) -> str:
+    """One line read in binary mode, without its line ending, as text (bad bytes replaced)."""
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    return raw.decode("utf-8", errors="replace")
