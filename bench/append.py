@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from bench.sessions import session_events
-from bench.timing import compare, verdict
+from bench.timing import compare, verdict, write_and_fsync
 from kiso.kernel import JsonlSessionStore
 
 TARGET = 1.3
@@ -41,14 +41,7 @@ def run(n: int, repeats: int) -> dict[str, float]:
         lines = ours(sample).read_bytes().splitlines(keepends=True)
 
         def floor() -> None:
-            path = root / f"floor-{next(counter)}.jsonl"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            try:
-                for line in lines:
-                    os.write(fd, line)
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_and_fsync(lines, root / f"floor-{next(counter)}.jsonl")
 
         t_ours, t_floor = compare(lambda: ours() and None, floor, repeats)
     finally:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.timing import write_and_fsync
 from kiso.kernel import JsonlSessionStore, MemorySessionStore
 from kiso.providers import FauxAdapter
 from kiso.runtime import Agent
@@ -74,17 +75,7 @@ def run_kiso(rounds: int, root: Path, durable: bool) -> tuple[float, int, Path |
 
 
 def run_floor(log: Path, root: Path) -> float:
-    lines = log.read_bytes().splitlines(keepends=True)
-    path = root / "floor.jsonl"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    began = time.perf_counter()
-    try:
-        for line in lines:
-            os.write(fd, line)
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    return time.perf_counter() - began
+    return write_and_fsync(log.read_bytes().splitlines(keepends=True), root / "floor.jsonl")
 
 
 def run_langgraph(rounds: int, root: Path) -> tuple[float, int] | None:

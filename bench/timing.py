@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def compare(
@@ -21,6 +23,19 @@ def compare(
         ours()
         a.append(time.perf_counter() - t)
     return statistics.median(a), statistics.median(b)
+
+
+def write_and_fsync(lines: list[bytes], path: Path) -> float:
+    """The floor of a durable log: one ``write`` + ``fsync`` per record. Returns seconds."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    began = time.perf_counter()
+    try:
+        for line in lines:
+            os.write(fd, line)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - began
 
 
 def verdict(ratio: float, target: float) -> str:
