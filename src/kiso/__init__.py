@@ -28,7 +28,19 @@ _LAZY = {
     "KisoError": "kiso.kernel",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = [
+    "Agent",
+    "FauxAdapter",
+    "JsonlSessionStore",
+    "KisoError",
+    "MemorySessionStore",
+    "Session",
+    "Tool",
+    "ToolContext",
+    "ToolResult",
+    "__version__",
+    "define_tool",
+]
 
 
 def __getattr__(name: str) -> Any:
