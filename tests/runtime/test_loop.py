@@ -353,3 +353,22 @@ def test_the_faux_script_file_format(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     with pytest.raises(ScriptError, match=r"turns\[0\]: unknown key\(s\) txt"):
         Agent(store=store(tmp_path), workspace=tmp_path)
+
+
+def test_a_tools_own_error_kind_is_kept_to_the_closed_set(tmp_path: Path) -> None:
+    from kiso.tools.base import ToolResult
+
+    odd = define_tool(
+        "odd",
+        "Fail oddly",
+        {**OBJ, "properties": {}},
+        lambda args, ctx: ToolResult("it broke", is_error=True, error_kind="kaboom"),
+        effects="read",
+    )
+    agent = agent_for(
+        tmp_path, [{"tool_calls": [{"name": "odd", "input": {}}]}, {"text": "ok"}], tools=[odd]
+    )
+    with agent.session("s") as session:
+        assert [e.type for e in session.run_sync("go")][-1] == "terminal"
+        finished = next(e for e in session.events if isinstance(e, ExecutionFinished))
+        assert (finished.error_kind, finished.ok, finished.content) == ("fatal", False, "it broke")

@@ -48,6 +48,7 @@ from kiso.kernel.values import (
 
 __all__ = [
     "ASSISTANT_STOPS",
+    "ERROR_KINDS",
     "EVENT_TYPES",
     "SCHEMA_VERSION",
     "ApprovalDecided",
@@ -87,6 +88,7 @@ Decision = Literal["approved", "denied"]
 Resolution = Literal["rerun", "skipped", "applied"]
 CompactionTrigger = Literal["auto", "manual"]
 ErrorKind = Literal["invalid_input", "precondition", "transient", "fatal", "timeout", "aborted"]
+ERROR_KINDS = frozenset(get_args(ErrorKind))
 Stop = Literal[
     "end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "content_filter", "pause_turn"
 ]

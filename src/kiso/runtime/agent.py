@@ -113,10 +113,11 @@ class Agent:
     def tool_specs(self) -> list[ToolSpec]:
         return [ToolSpec(t.name, t.description, t.parameters) for t in self.tools.values()]
 
-    def policies(self) -> list[Policy]:
+    def policies(self, mode: str | None = None) -> list[Policy]:
+        """The approval chain: the floor, the mode, the rules, then the host's policies."""
         return [
             FloorPolicy(self.floor),
-            ModePolicy(self.mode),
+            ModePolicy(mode or self.mode),
             RulesPolicy(self.rules),
             *self.extra_policies,
         ]

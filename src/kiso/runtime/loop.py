@@ -36,7 +36,7 @@ from kiso.kernel import (
     ToolCall,
     input_sha256,
 )
-from kiso.kernel.events import AssistantBlock
+from kiso.kernel.events import ERROR_KINDS, AssistantBlock
 from kiso.kernel.recovery import plan_replay
 from kiso.providers.base import ModelRequest, ProviderError, TextDelta, ThinkingDelta, TurnDone
 from kiso.runtime import stream as ev
@@ -170,7 +170,7 @@ def _decide(session: Session, run: str, call: ToolCall) -> ApprovalDecided | App
     if problem is not None:
         return verdict("deny", "schema", f"invalid input for {call.name}: {problem}")
     ctx = CallContext(call, tool, agent.workspace, agent.home)
-    chosen = compose(agent.policies(), ctx, unattended=session.mode == "dontAsk")
+    chosen = compose(agent.policies(session.mode), ctx, unattended=session.mode == "dontAsk")
     if chosen.decision == "ask":
         (event,) = session.append(
             ApprovalRequested(
@@ -275,16 +275,19 @@ async def _execute_call(session: Session, run: str, call: ToolCall) -> AsyncIter
                 is_error=True,
                 error_kind="fatal",
             )
+    kind = result.error_kind if result.error_kind in ERROR_KINDS else None
+    if result.error_kind is not None and kind is None:
+        kind = "fatal"  # a tool's own word for its failure; the log keeps to the closed set
     (finished,) = session.append(
         ExecutionFinished(
             run=run,
             execution_id=started.execution_id,
             call_id=call.call_id,
-            ok=result.error_kind != "fatal",
+            ok=kind != "fatal",
             content=result.content,
             is_error=result.is_error,
             ms=int((time.monotonic() - began) * 1000),
-            error_kind=result.error_kind,  # type: ignore[arg-type]
+            error_kind=kind,  # type: ignore[arg-type]
             truncated=result.truncated,
         )
     )
