@@ -372,3 +372,26 @@ def test_a_tools_own_error_kind_is_kept_to_the_closed_set(tmp_path: Path) -> Non
         assert [e.type for e in session.run_sync("go")][-1] == "terminal"
         finished = next(e for e in session.events if isinstance(e, ExecutionFinished))
         assert (finished.error_kind, finished.ok, finished.content) == ("fatal", False, "it broke")
+
+
+def test_tools_may_take_only_their_input_and_return_a_mapping(tmp_path: Path) -> None:
+    add = define_tool(
+        "add",
+        "Add",
+        {**OBJ, "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+        lambda args: {"content": str(args["a"] + args["b"]), "isError": False},
+        effects="read",
+    )
+
+    async def fail(args: dict[str, Any]) -> dict[str, Any]:
+        return {"content": "nope", "is_error": True}
+
+    failing = define_tool("fail", "Fail", {**OBJ, "properties": {}}, fail, effects="read")
+    script = [
+        {"tool_calls": [{"name": "add", "input": {"a": 2, "b": 3}}, {"name": "fail", "input": {}}]},
+        {"text": "5"},
+    ]
+    with agent_for(tmp_path, script, tools=[add, failing]).session("s") as session:
+        list(session.run_sync("add"))
+        results = [m for m in project(session.events) if isinstance(m, ToolResultMessage)]
+        assert [(r.content, r.is_error) for r in results] == [("5", False), ("nope", True)]

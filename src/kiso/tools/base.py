@@ -91,22 +91,54 @@ class Tool:
         return self.effects is Effects.READ
 
     async def run(self, input: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        """Call ``execute`` (sync functions run in a worker thread) and normalise its result."""
+        """Call ``execute`` (sync functions run in a worker thread) and normalise its result.
+
+        ``execute`` takes ``(input, ctx)`` or just ``(input)``, and returns a ``str``, a
+        :class:`ToolResult`, or a ``{"content": ..., "is_error": ...}`` mapping (``isError`` is
+        accepted too).
+        """
         import asyncio
 
+        args: tuple[Any, ...] = (input, ctx) if _wants_context(self.execute) else (input,)
         if inspect.iscoroutinefunction(self.execute):
-            out = await self.execute(input, ctx)
+            out = await self.execute(*args)
         else:
-            out = await asyncio.to_thread(self.execute, input, ctx)
+            out = await asyncio.to_thread(self.execute, *args)
             if inspect.isawaitable(out):
                 out = await out
-        if isinstance(out, str):
-            return ToolResult(out)
-        if isinstance(out, ToolResult):
-            return out
-        raise TypeError(
-            f"tool {self.name!r} returned {type(out).__name__}; return a str or a ToolResult"
+        return _normalise(self.name, out)
+
+
+def _wants_context(execute: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(execute).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+def _normalise(name: str, out: Any) -> ToolResult:
+    if isinstance(out, ToolResult):
+        return out
+    if isinstance(out, str):
+        return ToolResult(out)
+    if isinstance(out, Mapping) and isinstance(out.get("content"), str):
+        is_error = out.get("is_error", out.get("isError", False))
+        return ToolResult(
+            out["content"],
+            is_error=bool(is_error),
+            error_kind=out.get("error_kind"),
+            truncated=out.get("truncated"),
         )
+    raise TypeError(
+        f"tool {name!r} returned {type(out).__name__}; return a str, a ToolResult or "
+        f'{{"content": str, "is_error": bool}}'
+    )
 
 
 def define_tool(
