@@ -186,7 +186,13 @@ def test_dont_ask_again_writes_a_rule_that_allows_and_deleting_it_revokes(
     assert notes.read_text() == "x\nx\n"
 
 
-def test_plan_mode_denies_edits_with_a_reason_the_model_sees(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [("plan", "read-only"), ("dontAsk", "would need a human")],
+)
+def test_plan_and_dont_ask_deny_edits_with_a_reason_the_model_sees(
+    tmp_path: Path, mode: str, reason: str
+) -> None:
     agent = Agent(
         adapter=FauxAdapter(
             [{"tool_calls": [{"name": "note", "input": {"line": "x"}}]}, {"text": "ok"}]
@@ -194,31 +200,15 @@ def test_plan_mode_denies_edits_with_a_reason_the_model_sees(tmp_path: Path) -> 
         tools=[note_tool(tmp_path / "n")],
         store=store(tmp_path),
         workspace=tmp_path,
-        mode="plan",
-    )
-    with agent.session("s") as session:
-        list(session.run_sync("edit"))
-        (verdict,) = [e for e in session.events if isinstance(e, ApprovalDecided)]
-        assert (verdict.decision, verdict.decided_by) == ("denied", "mode:plan")
-        assert "read-only" in (verdict.reason or "")
-    assert not (tmp_path / "n").exists()
-
-
-def test_dont_ask_mode_denies_what_would_ask(tmp_path: Path) -> None:
-    agent = Agent(
-        adapter=FauxAdapter(
-            [{"tool_calls": [{"name": "note", "input": {"line": "x"}}]}, {"text": "ok"}]
-        ),
-        tools=[note_tool(tmp_path / "n")],
-        store=store(tmp_path),
-        workspace=tmp_path,
-        mode="dontAsk",
+        mode=mode,
     )
     with agent.session("s") as session:
         seen = [ev.type for ev in session.run_sync("edit")]
         assert "approval_request" not in seen and seen[-1] == "terminal"
         (verdict,) = [e for e in session.events if isinstance(e, ApprovalDecided)]
-        assert (verdict.decision, verdict.decided_by) == ("denied", "mode:dontAsk")
+        assert (verdict.decision, verdict.decided_by) == ("denied", f"mode:{mode}")
+        assert reason in (verdict.reason or "")
+    assert not (tmp_path / "n").exists()
 
 
 def test_effects_drive_parallelism_and_reruns() -> None:
