@@ -99,6 +99,37 @@ def sessions(scope: str, as_json: bool) -> None:
         click.echo(line)
 
 
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.argument("provider")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def login(provider: str, extra: tuple[str, ...]) -> None:
+    """Store an API key for PROVIDER (anthropic, openai, deepseek, zai) in ~/.kiso/auth.json.
+
+    The key is read hidden from the terminal, or from stdin when piped; never from the command
+    line. It is only ever sent to that provider's own API.
+    """
+    from kiso.cli import login as impl
+
+    impl.login(provider, extra)
+
+
+@cli.command()
+@click.argument("provider")
+def logout(provider: str) -> None:
+    """Remove the stored key for PROVIDER."""
+    from kiso.cli import login as impl
+
+    impl.logout(provider)
+
+
+@cli.command()
+def auth() -> None:
+    """Show stored credentials (masked) and which key variables are set."""
+    from kiso.cli import login as impl
+
+    impl.show()
+
+
 def _age(ms: float) -> str:
     seconds = max(ms, 0) / 1000
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):

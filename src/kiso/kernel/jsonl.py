@@ -30,7 +30,7 @@ from kiso.kernel.errors import (
 from kiso.kernel.events import Event, SessionHeader, dumps_line, event_from_json, header_from_json
 from kiso.kernel.ids import check_session_id, new_id
 from kiso.kernel.index import SidecarIndex
-from kiso.kernel.layout import kiso_home, workspace_slug
+from kiso.kernel.layout import kiso_home, make_private_dirs, workspace_slug
 from kiso.kernel.listing import SessionInfo
 from kiso.kernel.lock import SessionLock
 from kiso.kernel.store import Clock, SessionLog, SessionWriter, wall_clock_ms
@@ -99,22 +99,6 @@ def _parse_log(data: bytes, path: str) -> SessionLog:
 
 
 _SCANNER = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def _make_dirs(path: Path) -> None:
-    """Create ``path`` and its missing parents with mode 0700; leave existing ones alone."""
-    missing: list[Path] = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            continue
-        os.chmod(d, 0o700)  # mkdir's mode is filtered by the umask
-        _fsync_dir(d.parent)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -219,7 +203,7 @@ class JsonlSessionStore:
             raise SessionExistsError(f"session {sid!r} already exists at {existing}")
         ws = os.path.realpath(os.fspath(workspace))
         folder = self.project_dir(ws)
-        _make_dirs(folder)
+        make_private_dirs(folder)
         lock = SessionLock.acquire(folder / f"{sid}.lock", sid)
         try:
             header = SessionHeader(

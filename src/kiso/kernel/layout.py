@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["kiso_home", "projects_dir", "workspace_slug"]
+__all__ = ["kiso_home", "make_private_dirs", "projects_dir", "workspace_slug"]
 
 
 def kiso_home(environ: dict[str, str] | None = None) -> Path:
@@ -36,3 +36,24 @@ def workspace_slug(workspace: str | os.PathLike[str]) -> str:
         readable = readable[-80:].lstrip("-.")
     digest = hashlib.sha256(resolved.encode("utf-8", "surrogateescape")).hexdigest()[:8]
     return f"{readable}-{digest}"
+
+
+def make_private_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents with mode 0700 (fsyncing each parent so the new
+    entry is durable); folders that already exist keep the mode their owner gave them."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(d, 0o700)  # mkdir's mode is filtered by the umask
+        fd = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

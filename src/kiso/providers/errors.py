@@ -36,6 +36,9 @@ _CONTEXT_PATTERNS = re.compile(
     re.IGNORECASE,
 )
 
+_NETWORK_NAMES = ("Connection", "Connect", "Network", "Protocol", "ReadError", "WriteError")
+"""Transport failures (the SDKs' and httpx2's) by class name: the connection broke."""
+
 _CODES = {
     400: "invalid_request",
     401: "auth",
@@ -119,7 +122,7 @@ def from_sdk_error(exc: BaseException, provider: str = "") -> ProviderError:
     prefix = f"{provider}: " if provider else ""
     if "Timeout" in name:
         return ProviderError(f"{prefix}the request timed out", code="timeout", retryable=True)
-    if "Connection" in name or isinstance(exc, OSError):
+    if any(part in name for part in _NETWORK_NAMES) or isinstance(exc, OSError):
         return ProviderError(f"{prefix}{message}", code="network", retryable=True)
     if is_context_overflow(message):
         return from_status(400, message, provider=provider)

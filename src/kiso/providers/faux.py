@@ -40,7 +40,14 @@ from kiso.providers.base import (
     retryable_status,
 )
 
-__all__ = ["FauxAdapter", "FauxTurn", "ScriptError", "load_script", "parse_script"]
+__all__ = [
+    "KEYLESS_SCRIPT",
+    "FauxAdapter",
+    "FauxTurn",
+    "ScriptError",
+    "load_script",
+    "parse_script",
+]
 
 _TURN_KEYS = frozenset({"text", "thinking", "tool_calls", "stop", "usage", "delay_ms", "error"})
 
@@ -240,3 +247,31 @@ def _code(status: int) -> str:
         429: "rate_limit",
         529: "overloaded",
     }.get(status, "api_5xx" if status >= 500 else "unknown")
+
+
+KEYLESS_SCRIPT: tuple[FauxTurn, ...] = parse_script(
+    {
+        "turns": [
+            {
+                "text": "This is kiso's keyless mode: a scripted model, so you can see how a "
+                "session works before anything is spent. First, a look around.",
+                "tool_calls": [{"name": "list_dir", "input": {"path": ".", "depth": 1}}],
+            },
+            {
+                "text": "Reads run without asking. A search, as a model would do before editing:",
+                "tool_calls": [{"name": "search_text", "input": {"pattern": "TODO"}}],
+            },
+            {
+                "text": "Edits and shell commands would ask you first (mode: default), and every "
+                "step is on disk before it happens, so `kiso resume` continues after a crash.",
+            },
+            {
+                "text": "That is the end of the script. To talk to a real model, run `kiso login "
+                "<provider>` (or export OPENAI_API_KEY or ANTHROPIC_API_KEY) and select a profile "
+                "in ~/.kiso/config.json.",
+            },
+        ]
+    },
+    "kiso's keyless script",
+)
+"""What kiso runs with no key and no script: four rounds, then the script is exhausted."""

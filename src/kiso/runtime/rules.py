@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kiso.kernel import KisoError, ToolCall
+from kiso.kernel.layout import make_private_dirs
 from kiso.tools.base import Effects, Tool
 
 __all__ = ["RULES_FILE", "Rule", "RulesError", "RulesFile", "rule_for"]
@@ -178,7 +179,7 @@ class RulesFile:
             current = HEADER
         if current and not current.endswith("\n"):
             current += "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.path.parent)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:

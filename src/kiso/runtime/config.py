@@ -1,0 +1,242 @@
+"""Configuration: ``$KISO_HOME/config.json`` (user) and ``<workspace>/.kiso/config.json`` (project).
+
+Plain JSON (a pasted ``//`` comment is a clear error, not a silent misread)::
+
+    {
+      "model": "deepseek",
+      "models": {
+        "deepseek": {"kind": "openai-compat", "model": "deepseek-chat",
+                     "apiKeyEnv": "DEEPSEEK_API_KEY", "baseUrl": "https://api.deepseek.com"},
+        "claude": {"kind": "anthropic", "model": "claude-sonnet-4-5", "promptCaching": false}
+      },
+      "mode": "default"
+    }
+
+Precedence, highest first: flags > environment (``KISO_MODEL``, ``KISO_MODE``) > project config >
+user config > defaults. Project profiles override user profiles of the same name. Two settings are
+the user's alone: ``floor`` (``"off"`` turns the catastrophe floor off) and ``theme``; in a
+project config either is an error. A broken file fails loudly, naming the file and the key.
+Credentials never live here: a profile only *names* the environment variable holding its key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from kiso.kernel import KisoError
+from kiso.runtime.approvals import MODES
+
+__all__ = ["KINDS", "Config", "ConfigError", "Profile", "load_config"]
+
+KINDS = ("openai-compat", "anthropic", "openai-responses")
+_PROFILE_KEYS = {
+    "kind": "one of openai-compat, anthropic, openai-responses",
+    "model": "the vendor's model id",
+    "apiKeyEnv": "the NAME of the environment variable holding the key",
+    "baseUrl": "an http(s) URL",
+    "promptCaching": "true or false",
+    "contextWindow": "a positive integer (tokens)",
+    "effort": "an effort level the model accepts",
+}
+_TOP_KEYS = {"model", "models", "mode", "floor", "theme"}
+_USER_ONLY = {"floor": "the catastrophe floor", "theme": "the terminal theme"}
+
+
+class ConfigError(KisoError):
+    """A config file is unreadable or invalid; the message names the file and the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    kind: str
+    model: str
+    api_key_env: str | None = None
+    base_url: str | None = None
+    prompt_caching: bool = False
+    context_window: int | None = None
+    effort: str | None = None
+    source: str = "config"
+    """Where the profile came from: a config file's path, "flag", "environment" or "default"."""
+
+    @property
+    def origin(self) -> str:
+        """scheme://host[:port] of the endpoint this profile talks to."""
+        return origin_of(self.base_url or default_base_url(self.kind))
+
+
+def default_base_url(kind: str) -> str:
+    return "https://api.anthropic.com" if kind == "anthropic" else "https://api.openai.com/v1"
+
+
+def origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    model: str | None = None
+    """The startup profile (or ``provider/model``), after precedence."""
+    models: dict[str, Profile] = field(default_factory=dict)
+    mode: str = "default"
+    floor: bool = True
+    theme: str | None = None
+    files: tuple[str, ...] = ()
+    """The config files that were read, lowest precedence first."""
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        hint = ""
+        if re.search(r"(^|[\s,{\[])//|/\*", text, re.MULTILINE):
+            hint = (
+                " It has comments: config files are plain JSON, so remove the // and /* */ lines."
+            )
+        raise ConfigError(f"{path}: not valid JSON ({exc}).{hint}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a JSON object")
+    return data
+
+
+def _profile(path: Path, name: str, raw: Any) -> Profile:
+    where = f"{path}: models.{name}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be an object with at least kind and model")
+    for key in raw:
+        if key not in _PROFILE_KEYS:
+            lowered = {k.lower(): k for k in _PROFILE_KEYS}
+            close = difflib.get_close_matches(str(key).lower(), list(lowered), n=1, cutoff=0.6)
+            hint = (
+                f"; did you mean {lowered[close[0]]}?"
+                if close
+                else f"; known keys: {', '.join(_PROFILE_KEYS)}"
+            )
+            raise ConfigError(f"{where}.{key}: unknown key{hint}")
+    kind, model = raw.get("kind"), raw.get("model")
+    if kind not in KINDS:
+        raise ConfigError(f"{where}.kind: must be {_PROFILE_KEYS['kind']}, got {kind!r}")
+    if not isinstance(model, str) or not model:
+        raise ConfigError(f"{where}.model: must be {_PROFILE_KEYS['model']}, got {model!r}")
+    env = raw.get("apiKeyEnv")
+    if env is not None and (not isinstance(env, str) or not re.fullmatch(r"[A-Za-z_]\w*", env)):
+        raise ConfigError(
+            f"{where}.apiKeyEnv: must be {_PROFILE_KEYS['apiKeyEnv']} (never the key itself)"
+        )
+    base = raw.get("baseUrl")
+    if base is not None and (
+        not isinstance(base, str) or urlsplit(base).scheme not in ("http", "https")
+    ):
+        raise ConfigError(f"{where}.baseUrl: must be {_PROFILE_KEYS['baseUrl']}, got {base!r}")
+    caching = raw.get("promptCaching", False)
+    if not isinstance(caching, bool):
+        raise ConfigError(f"{where}.promptCaching: must be true or false, got {caching!r}")
+    window = raw.get("contextWindow")
+    if window is not None and (
+        not isinstance(window, int) or isinstance(window, bool) or window < 1
+    ):
+        raise ConfigError(f"{where}.contextWindow: must be {_PROFILE_KEYS['contextWindow']}")
+    effort = raw.get("effort")
+    if effort is not None and not isinstance(effort, str):
+        raise ConfigError(f"{where}.effort: must be a string such as low, medium or high")
+    return Profile(name, kind, model, env, base, caching, window, effort, str(path))
+
+
+def _layer(path: Path, *, project: bool) -> dict[str, Any]:
+    data = _read(path)
+    if data is None:
+        return {}
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise ConfigError(
+                f"{path}: unknown key {key!r}; known keys: {', '.join(sorted(_TOP_KEYS))}"
+            )
+        if project and key in _USER_ONLY:
+            raise ConfigError(
+                f"{path}: {key!r} sets {_USER_ONLY[key]}, which only your user config "
+                f"(~/.kiso/config.json) may set; remove it from the project config"
+            )
+    out: dict[str, Any] = {}
+    if "model" in data:
+        if not isinstance(data["model"], str) or not data["model"]:
+            raise ConfigError(f"{path}: model: must be a profile name or provider/model")
+        out["model"] = data["model"]
+    if "mode" in data:
+        if data["mode"] not in MODES:
+            raise ConfigError(
+                f"{path}: mode: must be one of {', '.join(MODES)}, got {data['mode']!r}"
+            )
+        out["mode"] = data["mode"]
+    models = data.get("models", {})
+    if not isinstance(models, dict):
+        raise ConfigError(f"{path}: models: must be an object of profiles")
+    out["models"] = {name: _profile(path, name, raw) for name, raw in models.items()}
+    if "floor" in data:
+        if data["floor"] not in ("on", "off", True, False):
+            raise ConfigError(f'{path}: floor: must be "on" or "off"')
+        out["floor"] = data["floor"] in ("on", True)
+    if "theme" in data:
+        if data["theme"] not in ("dark", "light"):
+            raise ConfigError(f'{path}: theme: must be "dark" or "light"')
+        out["theme"] = data["theme"]
+    return out
+
+
+def load_config(
+    home: Path,
+    workspace: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    model: str | None = None,
+    mode: str | None = None,
+) -> Config:
+    """The effective config: ``model``/``mode`` are the flags, ``environ`` the environment."""
+    env = os.environ if environ is None else environ
+    layers: list[tuple[Path, dict[str, Any]]] = []
+    user = home / "config.json"
+    layers.append((user, _layer(user, project=False)))
+    if workspace is not None:
+        project = workspace / ".kiso" / "config.json"
+        if project.resolve() != user.resolve():
+            layers.append((project, _layer(project, project=True)))
+    merged: dict[str, Any] = {"models": {}}
+    files: list[str] = []
+    for path, layer in layers:
+        if layer or path.exists():
+            files.append(str(path))
+        merged["models"].update(layer.pop("models", {}))
+        merged.update(layer)
+    if env.get("KISO_MODEL"):
+        merged["model"] = env["KISO_MODEL"]
+    if env.get("KISO_MODE"):
+        merged["mode"] = env["KISO_MODE"]
+    if model:
+        merged["model"] = model
+    if mode:
+        merged["mode"] = mode
+    if merged.get("mode", "default") not in MODES:
+        raise ConfigError(f"mode {merged['mode']!r} is not one of {', '.join(MODES)}")
+    return Config(
+        model=merged.get("model"),
+        models=merged["models"],
+        mode=merged.get("mode", "default"),
+        floor=merged.get("floor", True),
+        theme=merged.get("theme"),
+        files=tuple(files),
+    )

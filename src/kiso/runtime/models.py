@@ -1,0 +1,179 @@
+"""Choosing the model: a profile (or ``provider/model``), its key, and the adapter that speaks it.
+
+Selection, first match wins:
+
+1. the startup model after precedence (flag, ``KISO_MODEL``, project config, user config): a
+   profile name, or ``provider/model`` written directly (``anthropic/claude-sonnet-4-5``,
+   ``deepseek/deepseek-chat``, ``openai-responses/gpt-5``);
+2. ``KISO_FAUX_SCRIPT``: the scripted model;
+3. the environment alone: ``OPENAI_API_KEY`` (with ``OPENAI_BASE_URL`` and ``OPENAI_MODEL`` if
+   set), else ``ANTHROPIC_API_KEY``; with both, OpenAI wins;
+4. nothing: the keyless scripted mode (four scripted rounds, then a set-a-key message).
+
+The key for a profile: if its endpoint is a known vendor's origin and a credential is stored for
+that vendor, the stored one (it owns its vendor; an unusable one is an error). Otherwise the
+variable the profile names in ``apiKeyEnv``; otherwise, at a vendor's origin, the vendor's own
+variable. A stored key is never sent anywhere but its vendor's origin: a profile that points
+elsewhere gets only its own ``apiKeyEnv``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiso.providers.base import Adapter
+from kiso.providers.registry import check_effort
+from kiso.runtime.auth import VENDORS, AuthError, AuthStore, vendor_for_origin
+from kiso.runtime.config import KINDS, Config, ConfigError, Profile
+
+__all__ = ["ResolvedModel", "build_adapter", "resolve_model"]
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    profile: Profile | None
+    """None: the scripted model."""
+    api_key: str | None
+    key_source: str
+    """Where the key came from: ``stored:<vendor>``, ``env:<NAME>`` or ``none``."""
+    faux_script: str | None = None
+
+    @property
+    def strip_env(self) -> tuple[str, ...]:
+        """Variables to keep from model-driven children, besides the standard credential list."""
+        names = {v.env for v in VENDORS.values()}
+        if self.profile is not None and self.profile.api_key_env:
+            names.add(self.profile.api_key_env)
+        return tuple(sorted(names))
+
+    def describe(self) -> str:
+        if self.profile is None:
+            return f"faux ({self.faux_script or 'keyless script'})"
+        p = self.profile
+        return f"{p.name} ({p.kind} {p.model}, key: {self.key_source})"
+
+
+def _direct(spec: str) -> Profile:
+    provider, _, model = spec.partition("/")
+    if not model:
+        raise ConfigError(f"--model {spec}: write provider/model, e.g. anthropic/claude-sonnet-4-5")
+    vendor = VENDORS.get(provider)
+    if vendor is not None:
+        return Profile(spec, vendor.kind, model, base_url=vendor.base_url, source="direct")
+    if provider in KINDS:
+        return Profile(spec, provider, model, source="direct")
+    known = ", ".join([*VENDORS, *KINDS])
+    raise ConfigError(f"--model {spec}: unknown provider {provider!r}; known: {known}")
+
+
+def _from_environment(env: Mapping[str, str]) -> Profile | None:
+    if env.get("OPENAI_API_KEY"):
+        vendor = VENDORS["openai"]
+        base = env.get("OPENAI_BASE_URL") or vendor.base_url
+        model = env.get("OPENAI_MODEL") or vendor.default_model
+        return Profile(
+            "openai", "openai-compat", model, "OPENAI_API_KEY", base, source="environment"
+        )
+    if env.get("ANTHROPIC_API_KEY"):
+        vendor = VENDORS["anthropic"]
+        base = env.get("ANTHROPIC_BASE_URL") or vendor.base_url
+        model = env.get("ANTHROPIC_MODEL") or vendor.default_model
+        return Profile(
+            "anthropic", "anthropic", model, "ANTHROPIC_API_KEY", base, source="environment"
+        )
+    return None
+
+
+def _key(profile: Profile, auth: AuthStore, env: Mapping[str, str]) -> tuple[str | None, str]:
+    vendor = vendor_for_origin(profile.origin)
+    if vendor is not None:
+        stored = auth.get(vendor.name)  # raises when stored but unusable
+        if stored is not None:
+            return stored.key, f"stored:{vendor.name}"
+    if profile.api_key_env:
+        value = env.get(profile.api_key_env)
+        if not value:
+            raise AuthError(
+                f"profile {profile.name} takes its key from ${profile.api_key_env}, which is not "
+                f"set; export it (kiso never stores a key in config.json)"
+            )
+        return value, f"env:{profile.api_key_env}"
+    if vendor is not None:
+        value = env.get(vendor.env)
+        if value:
+            return value, f"env:{vendor.env}"
+        raise AuthError(
+            f"no key for {vendor.name}: run `kiso login {vendor.name}` or export {vendor.env}"
+        )
+    return None, "none"
+
+
+def resolve_model(
+    config: Config, *, home: Path, environ: Mapping[str, str] | None = None
+) -> ResolvedModel:
+    env = os.environ if environ is None else environ
+    auth = AuthStore(home)
+    spec = config.model
+    profile: Profile | None = None
+    if spec:
+        profile = config.models.get(spec)
+        if profile is None:
+            if "/" not in spec:
+                names = ", ".join(sorted(config.models)) or "none configured"
+                raise ConfigError(
+                    f"no model profile named {spec!r} (profiles: {names}); add it to "
+                    f"~/.kiso/config.json, or write provider/model"
+                )
+            profile = _direct(spec)
+    elif env.get("KISO_FAUX_SCRIPT"):
+        return ResolvedModel(None, None, "none", env["KISO_FAUX_SCRIPT"])
+    else:
+        profile = _from_environment(env)
+        if profile is None:
+            return ResolvedModel(None, None, "none")
+    check_effort(profile.model, profile.effort)
+    key, source = _key(profile, auth, env)
+    return ResolvedModel(profile, key, source)
+
+
+def build_adapter(resolved: ResolvedModel) -> Adapter:
+    """The adapter for a resolved model; provider SDKs are imported here, not before."""
+    profile = resolved.profile
+    if profile is None:
+        from kiso.providers.faux import KEYLESS_SCRIPT, FauxAdapter
+
+        if resolved.faux_script:
+            return FauxAdapter.from_file(resolved.faux_script)
+        return FauxAdapter(KEYLESS_SCRIPT, model="faux:keyless")
+    if profile.kind == "anthropic":
+        from kiso.providers.anthropic import AnthropicAdapter
+
+        return AnthropicAdapter(
+            model=profile.model,
+            api_key=resolved.api_key,
+            base_url=profile.base_url,
+            provider=profile.name,
+            prompt_caching=profile.prompt_caching,
+        )
+    if profile.kind == "openai-responses":
+        from kiso.providers.openai_responses import OpenAIResponsesAdapter
+
+        return OpenAIResponsesAdapter(
+            model=profile.model,
+            api_key=resolved.api_key,
+            base_url=profile.base_url,
+            provider=profile.name,
+            reasoning_effort=profile.effort,
+        )
+    from kiso.providers.openai_compat import OpenAICompatAdapter
+
+    return OpenAICompatAdapter(
+        model=profile.model,
+        api_key=resolved.api_key,
+        base_url=profile.base_url,
+        provider=profile.name,
+        reasoning_effort=profile.effort,
+    )
