@@ -21,8 +21,18 @@ from kiso import __version__
     invoke_without_command=True,
 )
 @click.version_option(__version__, "-v", "--version", prog_name="kiso")
+@click.option("-p", "--print", "prompt", metavar="PROMPT", help="Run one prompt, print the answer.")
+@click.option("--model", default=None, help="A profile name, or provider/model.")
+@click.option("--mode", default=None, help="default, accept-edits, plan, dontAsk or bypass.")
+@click.option("--session", "session_id", default=None, help="Continue this session (print mode).")
 @click.pass_context
-def cli(ctx: click.Context) -> None:
+def cli(
+    ctx: click.Context,
+    prompt: str | None,
+    model: str | None,
+    mode: str | None,
+    session_id: str | None,
+) -> None:
     """kiso: a durable runtime for AI agents.
 
     Every approval, tool result and event is written to disk as it happens, so an agent that is
@@ -30,8 +40,13 @@ def cli(ctx: click.Context) -> None:
 
     Sessions live in $KISO_HOME/projects (KISO_HOME defaults to ~/.kiso).
     """
-    if ctx.invoked_subcommand is None:
-        click.echo(ctx.get_help())
+    if ctx.invoked_subcommand is not None:
+        return
+    if prompt is not None:
+        from kiso.cli.print_mode import main_print
+
+        main_print(prompt, model, mode, session_id)
+    click.echo(ctx.get_help())
 
 
 @cli.command()
