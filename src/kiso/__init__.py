@@ -11,7 +11,13 @@ The names below are imported on first use, so ``import kiso`` stays cheap.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost startup time
+if TYPE_CHECKING:
+    from kiso.kernel import JsonlSessionStore, KisoError, MemorySessionStore
+    from kiso.providers.faux import FauxAdapter
+    from kiso.runtime import Agent, Session
+    from kiso.tools.base import Tool, ToolContext, ToolResult, define_tool
 
 __version__ = "0.1.0"
 
@@ -43,7 +49,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'kiso' has no attribute {name!r}")

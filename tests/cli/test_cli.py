@@ -100,7 +100,8 @@ def test_sessions_lists_this_workspace_or_all(tmp_path: Path, home: Path) -> Non
     ]
     assert {r["id"]: r["state"] for r in rows} == {"s-here": "interrupted", "s-there": "empty"}
     empty = run(str(BIN / "kiso"), "sessions", cwd=tmp_path)
-    assert empty.returncode == 0 and "no sessions in this directory" in empty.stdout
+    assert empty.returncode == 0 and empty.stdout == ""  # piped: nothing but rows
+    assert "no sessions in this directory" in empty.stderr
 
 
 def test_a_corrupt_log_is_listed_not_a_traceback(tmp_path: Path, home: Path) -> None:
@@ -112,7 +113,7 @@ def test_a_corrupt_log_is_listed_not_a_traceback(tmp_path: Path, home: Path) -> 
         f.write(b"{oops}\n")
     out = run(str(BIN / "kiso"), "sessions", cwd=ws)
     assert out.returncode == 0
-    assert "corrupt" in out.stdout and "line 2" in out.stdout
+    assert "\tcorrupt\t" in out.stdout and "line 2" in out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -130,3 +131,29 @@ def test_the_readme_main_job_runs() -> None:
     out = run(str(ROOT / "scripts" / "run"), cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "session state: completed" in out.stdout
+
+
+def test_help_and_version_take_a_fast_path_that_imports_no_toolkit() -> None:
+    probe = (
+        "import sys\n"
+        "sys.argv = ['kiso', '{arg}']\n"
+        "from kiso.cli import main\n"
+        "main()\n"
+        "heavy = ('click', 'openai', 'anthropic', 'prompt_toolkit', 'rich', 'httpx2',"
+        " 'kiso.kernel')\n"
+        "print('LOADED', sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    for arg in ("--help", "--version"):
+        out = run(sys.executable, "-c", probe.format(arg=arg))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().endswith("LOADED []"), out.stdout
+
+
+def test_the_fast_help_is_exactly_what_click_renders() -> None:
+    from click.testing import CliRunner
+
+    from kiso.cli.help import HELP
+    from kiso.cli.main import cli
+
+    rendered = CliRunner().invoke(cli, ["--help"], prog_name="kiso", terminal_width=80).output
+    assert rendered == HELP, "regenerate src/kiso/cli/help.py from click's rendering"

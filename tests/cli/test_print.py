@@ -29,12 +29,12 @@ def kiso(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_keyless_mode_runs_its_script_then_says_to_set_a_key(tmp_path: Path) -> None:
-    first = kiso(tmp_path, "-p", "hello", "--session", "k")
+    first = kiso(tmp_path, "-p", "hello", "k")
     assert first.returncode == 0, first.stderr
     assert "keyless mode" in first.stdout
     assert "faux (keyless script)" in first.stderr
-    assert kiso(tmp_path, "-p", "more", "--session", "k").returncode == 0
-    over = kiso(tmp_path, "-p", "more", "--session", "k")
+    assert kiso(tmp_path, "-p", "more", "k").returncode == 0
+    over = kiso(tmp_path, "-p", "more", "k")
     assert over.returncode == 1
     assert "Set an API key" in over.stderr
 

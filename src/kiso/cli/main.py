@@ -10,43 +10,190 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import click
 
 from kiso import __version__
 
 
+class _KisoGroup(click.Group):
+    """``kiso <sessionId>`` means ``kiso chat <sessionId>``: a first word that is not a command
+    is a session id."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            return "chat", self.commands["chat"], args
+        return super().resolve_command(ctx, args)
+
+
+OUTPUT_FORMATS = click.Choice(["text", "json", "stream-json"])
+RESOLUTIONS = click.Choice(["rerun", "skip", "applied"])
+
+
 @click.group(
+    cls=_KisoGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
     invoke_without_command=True,
 )
 @click.version_option(__version__, "-v", "--version", prog_name="kiso")
-@click.option("-p", "--print", "prompt", metavar="PROMPT", help="Run one prompt, print the answer.")
+@click.option("-p", "--print", "prompt", metavar="PROMPT", help="Run one prompt with no UI.")
 @click.option("--model", default=None, help="A profile name, or provider/model.")
 @click.option("--mode", default=None, help="default, accept-edits, plan, dontAsk or bypass.")
-@click.option("--session", "session_id", default=None, help="Continue this session (print mode).")
+@click.option(
+    "--output-format",
+    type=OUTPUT_FORMATS,
+    default="text",
+    show_default=True,
+    help="Print mode: plain text, one JSON result, or one JSON event per line.",
+)
+@click.option(
+    "--resolve",
+    type=RESOLUTIONS,
+    default=None,
+    help="Headless runs: how to rule on uncertain executions (otherwise they stop the run).",
+)
 @click.pass_context
 def cli(
     ctx: click.Context,
+    *,
     prompt: str | None,
     model: str | None,
     mode: str | None,
-    session_id: str | None,
+    output_format: str,
+    resolve: str | None,
 ) -> None:
-    """kiso: a durable runtime for AI agents.
+    """kiso: a durable coding agent. Every approval, tool result and event is on disk before it
+    is acted on, so a session that is interrupted, crashes or is killed resumes where it was.
 
-    Every approval, tool result and event is written to disk as it happens, so an agent that is
-    interrupted, crashes or is killed resumes from its committed prefix.
+    \b
+    kiso [sessionId]               interactive session (`kiso chat` is the same)
+    kiso -p "prompt" [sessionId]   one prompt, no UI; exit 0 only if the run completed
+    kiso resume                    pick a session to continue
+    kiso resume <id> [prompt]      continue a session (headless when stdin is not a terminal)
+    kiso sessions [--all]          durable sessions and the state each resumes into
 
     Sessions live in $KISO_HOME/projects (KISO_HOME defaults to ~/.kiso).
     """
-    if ctx.invoked_subcommand is not None:
-        return
-    if prompt is not None:
-        from kiso.cli.print_mode import main_print
+    ctx.obj = {
+        "prompt": prompt,
+        "model": model,
+        "mode": mode,
+        "output_format": output_format,
+        "resolve": resolve,
+    }
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(chat, session_id=None)
 
-        main_print(prompt, model, mode, session_id)
-    click.echo(ctx.get_help())
+
+def _opts(ctx: click.Context) -> dict[str, object]:
+    return dict(ctx.obj or {})
+
+
+@cli.command()
+@click.argument("session_id", required=False)
+@click.option("-p", "--print", "prompt_here", metavar="PROMPT", help="Run one prompt with no UI.")
+@click.option("--model", "model_here", default=None, help="A profile name, or provider/model.")
+@click.option("--mode", "mode_here", default=None, help="The approval mode.")
+@click.option("--output-format", "format_here", type=OUTPUT_FORMATS, default=None)
+@click.option("--resolve", "resolve_here", type=RESOLUTIONS, default=None)
+@click.pass_context
+def chat(
+    ctx: click.Context,
+    *,
+    session_id: str | None,
+    prompt_here: str | None = None,
+    model_here: str | None = None,
+    mode_here: str | None = None,
+    format_here: str | None = None,
+    resolve_here: str | None = None,
+) -> None:
+    """The interactive session (or print mode with -p)."""
+    opts = _opts(ctx)
+    prompt = prompt_here if prompt_here is not None else _str(opts.get("prompt"))
+    model = model_here or _str(opts.get("model"))
+    mode = mode_here or _str(opts.get("mode"))
+    if prompt is not None:
+        from kiso.cli.print_mode import run_headless
+
+        sys.exit(
+            run_headless(
+                prompt,
+                session_id=session_id,
+                model=model,
+                mode=mode,
+                output_format=format_here or str(opts.get("output_format") or "text"),
+                resolve=resolve_here or _str(opts.get("resolve")),
+            )
+        )
+    if not sys.stdin.isatty():
+        raise click.UsageError(
+            'the interactive session needs a terminal; use `kiso -p "prompt"` for one '
+            "prompt without a terminal"
+        )
+    from kiso.cli.repl import run_interactive
+
+    sys.exit(run_interactive(session_id=session_id, model=model, mode=mode, prompt=None))
+
+
+@cli.command()
+@click.argument("session_id", required=False)
+@click.argument("prompt", required=False)
+@click.option("--model", "model_here", default=None, help="A profile name, or provider/model.")
+@click.option("--mode", "mode_here", default=None, help="The approval mode.")
+@click.option("--output-format", "format_here", type=OUTPUT_FORMATS, default=None)
+@click.option("--resolve", "resolve_here", type=RESOLUTIONS, default=None)
+@click.pass_context
+def resume(
+    ctx: click.Context,
+    *,
+    session_id: str | None,
+    prompt: str | None,
+    model_here: str | None,
+    mode_here: str | None,
+    format_here: str | None,
+    resolve_here: str | None,
+) -> None:
+    """Continue a session: with no id, pick one; headless when stdin is not a terminal."""
+    opts = _opts(ctx)
+    model = model_here or _str(opts.get("model"))
+    mode = mode_here or _str(opts.get("mode"))
+    output_format = format_here or str(opts.get("output_format") or "text")
+    resolution = resolve_here or _str(opts.get("resolve"))
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    if session_id is None:
+        if not interactive:
+            raise click.UsageError(
+                "kiso resume needs a session id when not on a terminal; `kiso sessions` lists them"
+            )
+        from kiso.cli.picker import pick_session
+        from kiso.kernel import JsonlSessionStore
+
+        session_id = pick_session(JsonlSessionStore(), Path(os.getcwd()))
+        if session_id is None:
+            return
+    if interactive:
+        from kiso.cli.repl import run_interactive
+
+        sys.exit(run_interactive(session_id=session_id, model=model, mode=mode, prompt=prompt))
+    from kiso.cli.print_mode import run_headless
+
+    sys.exit(
+        run_headless(
+            prompt,
+            session_id=session_id,
+            model=model,
+            mode=mode,
+            output_format=output_format,
+            resolve=resolution,
+        )
+    )
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 @cli.command()
@@ -94,6 +241,18 @@ def sessions(scope: str, as_json: bool) -> None:
     if as_json:
         for row in rows:
             click.echo(json.dumps(row.to_json(), ensure_ascii=False))
+        return
+    if not sys.stdout.isatty():  # stable, script-friendly: tab-separated, no relative ages
+        for row in rows:
+            updated = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(row.updated / 1000))
+            title = " ".join(row.title.split())
+            click.echo(f"{row.id}\t{row.state.value}\t{updated}\t{row.workspace}\t{title}")
+            if row.error:
+                click.echo(f"{row.id}: {row.error}", err=True)
+        if not rows:
+            click.echo(
+                f"no sessions {'anywhere' if scope == 'all' else 'in this directory'}", err=True
+            )
         return
     if not rows:
         where = "anywhere" if scope == "all" else "in this directory"

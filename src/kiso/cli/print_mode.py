@@ -1,103 +1,210 @@
-"""``kiso -p "prompt"``: one turn, no terminal UI, an exit code a script can trust.
+"""Headless runs: ``kiso -p "prompt" [sessionId]`` and ``kiso resume <id> [prompt]`` off a terminal.
 
-The model is chosen by the usual precedence (``--model``, ``KISO_MODEL``, project config, user
-config, the environment's keys, the keyless script). The session is recovery-first: an open run is
-carried to its end before the new prompt starts. Nobody is there to answer a question, so an
-approval that would ask is denied (say ``--mode accept-edits`` or ``--mode bypass`` to allow), and
-an uncertain execution stops the run with a message. Exit 0 only when the run completed.
+One turn, no UI, an exit code a script can trust: 0 only when the run completed. The session is
+recovery-first: an open run is carried to its end before a new prompt starts. Nobody is there to
+answer, so an approval that would ask is denied and the model is told why (a mode such as
+``accept-edits`` or ``bypass`` allows what it allows), and an uncertain execution stops the run
+with the list and the command to rule on it, unless ``--resolve rerun|skip|applied`` rules.
+
+``--output-format``: ``text`` (the answer on stdout, notes on stderr), ``json`` (one result
+object), ``stream-json`` (one JSON object per event, then the result). The result carries the
+session id, the outcome, the answer, the provider's token counts and the cost (null when the
+model has no dated price).
 """
 
 from __future__ import annotations
 
-import os
+import json
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+import time
+from collections.abc import Iterator
+from typing import Any
 
 import click
 
-from kiso.kernel import Event, KisoError, kiso_home
+from kiso.kernel import Assistant, Event, KisoError, Outcome, RunStarted
+from kiso.runtime import Session, stream
+
+__all__ = ["run_headless"]
+
+_RULINGS = {"rerun": "rerun", "skip": "skipped", "applied": "applied"}
+_DENIAL = (
+    "nobody can approve this in a headless run; rerun with --mode accept-edits or --mode "
+    "bypass, or use the interactive session"
+)
 
 
-def run_print(prompt: str, *, model: str | None, mode: str | None, session_id: str | None) -> int:
-    from kiso.runtime import Agent, stream
-    from kiso.runtime.config import load_config
-    from kiso.runtime.models import build_adapter, resolve_model
-    from kiso.tools import builtin_tools
+def run_headless(
+    prompt: str | None,
+    *,
+    session_id: str | None,
+    model: str | None,
+    mode: str | None,
+    output_format: str = "text",
+    resolve: str | None = None,
+) -> int:
+    from kiso.cli.setup import open_session, prepare
 
-    workspace = os.getcwd()
-    home = kiso_home()
+    began = time.monotonic()
+    out = _Output(output_format)
     try:
-        config = load_config(home, Path(workspace), model=model, mode=mode)
-        resolved = resolve_model(config, home=home)
-        agent = Agent(
-            adapter=build_adapter(resolved),
-            tools=builtin_tools(),
-            workspace=workspace,
-            mode=config.mode,
-            floor=config.floor,
-            profile=resolved.profile.name if resolved.profile else None,
-            strip_env=resolved.strip_env,
-        )
-        with agent.session(session_id) as session:
-            click.echo(f"session {session.id} · {resolved.describe()}", err=True)
-            outcome = None
-            for stage in ("resume", "run"):
-                events = session.resume_sync() if stage == "resume" else session.run_sync(prompt)
-                for ev in events:
-                    if isinstance(ev, stream.TextDelta):
-                        click.echo(ev.text, nl=False)
-                    elif isinstance(ev, stream.ModelTurn):
-                        if ev.event.text:
-                            click.echo()
-                    elif isinstance(ev, stream.ApprovalRequest):
-                        session.deny(
-                            ev.call_id,
-                            "print mode cannot ask for approval; rerun with --mode accept-edits "
-                            "or --mode bypass, or use the interactive session",
-                        )
-                        click.echo(
-                            f"[denied {ev.call.name}: nobody to ask in print mode]", err=True
-                        )
-                    elif isinstance(ev, stream.ToolStart):
-                        click.echo(f"[{ev.call.name}]", err=True)
+        setup = prepare(model=model, mode=mode)
+        with open_session(setup, session_id) as session:
+            out.note(f"session {session.id} · {setup.resolved.describe()}")
+            first = len(session.events)
+            outcome: Outcome | None = None
+            blocked = False
+            stages: list[Iterator[stream.RunEvent]] = [session.resume_sync()]
+            for index in range(2):
+                if index == 1:
+                    if prompt is None or blocked:
+                        break
+                    stages.append(session.run_sync(prompt))
+                for ev in stages[index]:
+                    out.event(ev)
+                    if isinstance(ev, stream.ApprovalRequest):
+                        session.deny(ev.call_id, _DENIAL)
+                        out.note(f"denied {ev.call.name}: {_DENIAL}")
                     elif isinstance(ev, stream.UncertainPending):
-                        names = ", ".join(f"{u.name} ({u.execution_id})" for u in ev.executions)
-                        click.echo(
-                            f"uncertain executions need a ruling: {names}; run `kiso resume "
-                            f"{session.id}` interactively",
-                            err=True,
-                        )
+                        pending = [u for u in ev.executions if not u.auto_rerun]
+                        if resolve is not None:
+                            for u in pending:
+                                session.resolve(u.execution_id, _RULINGS[resolve])  # type: ignore[arg-type]
+                        else:
+                            names = ", ".join(f"{u.name} ({u.execution_id})" for u in pending)
+                            out.note(
+                                f"uncertain executions need a ruling: {names}. They started and "
+                                f"never reported, so they may or may not have applied. Rule with: "
+                                f"kiso resume {session.id} --resolve rerun|skip|applied"
+                            )
+                    elif isinstance(ev, stream.Paused):
+                        blocked = True
                     elif isinstance(ev, stream.Terminal):
                         outcome = ev.outcome
-                if stage == "resume" and session.state.value in ("uncertain", "awaiting_approval"):
-                    return 1
-            click.echo(_spend(session.events), err=True)
+            out.result(session, session.events[first:], outcome, blocked, began)
     except KisoError as exc:
-        click.echo(f"kiso: {exc}", err=True)
+        out.fail(str(exc))
         return 1
-    if outcome is None or outcome.kind != "completed":
-        detail = "paused" if outcome is None else (outcome.message or outcome.kind)
-        click.echo(f"kiso: the run did not complete: {detail}", err=True)
+    if blocked:
         return 1
-    return 0
+    if outcome is None:
+        return 0 if prompt is None else 1
+    return 0 if outcome.kind == "completed" else 1
 
 
-def main_print(prompt: str, model: str | None, mode: str | None, session_id: str | None) -> None:
-    sys.exit(run_print(prompt, model=model, mode=mode, session_id=session_id))
+class _Output:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+
+    def note(self, text: str) -> None:
+        if self.kind == "stream-json":
+            self._line({"type": "note", "text": text})
+        else:
+            click.echo(text, err=True)
+
+    def event(self, ev: stream.RunEvent) -> None:
+        if self.kind == "stream-json":
+            self._line(_event_json(ev))
+        elif self.kind == "text":
+            if isinstance(ev, stream.TextDelta):
+                click.echo(ev.text, nl=False)
+            elif isinstance(ev, stream.ModelTurn) and ev.event.text:
+                click.echo()
+            elif isinstance(ev, stream.ToolStart):
+                click.echo(f"[{ev.call.name}]", err=True)
+            elif isinstance(ev, stream.Terminal) and ev.outcome.kind != "completed":
+                click.echo(f"kiso: the run did not complete: {_why(ev.outcome)}", err=True)
+
+    def result(
+        self,
+        session: Session,
+        events: Any,
+        outcome: Outcome | None,
+        blocked: bool,
+        began: float,
+    ) -> None:
+        summary = _summary(list(events))
+        if self.kind == "text":
+            click.echo(summary["line"], err=True)
+            return
+        result = {
+            "type": "result",
+            "session_id": session.id,
+            "outcome": outcome.to_json() if outcome else None,
+            "is_error": blocked or outcome is None or outcome.kind != "completed",
+            "result": summary["answer"],
+            "usage": summary["usage"],
+            "cost": summary["cost"],
+            "turns": summary["turns"],
+            "duration_ms": int((time.monotonic() - began) * 1000),
+            "state": session.state.value,
+        }
+        self._line(result)
+
+    def fail(self, message: str) -> None:
+        if self.kind == "text":
+            click.echo(f"kiso: {message}", err=True)
+        else:
+            self._line({"type": "result", "is_error": True, "error": message})
 
 
-def _spend(events: Sequence[Event]) -> str:
-    """Tokens and cost of the last run, from the provider's own counts; cost unknown unless the
-    registry has a dated price for the model."""
-    from kiso.kernel import Assistant, RunStarted
+def _why(outcome: Outcome) -> str:
+    return outcome.message or outcome.kind
+
+
+def _event_json(ev: stream.RunEvent) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": ev.type}
+    if isinstance(ev, stream.TextDelta | stream.ThinkingDelta):
+        out["text"] = ev.text
+    elif isinstance(ev, stream.ModelTurn | stream.Decision | stream.Ruling):
+        out["event"] = ev.event.to_json()
+    elif isinstance(ev, stream.ToolStart | stream.ToolEnd):
+        out["call"] = ev.call.to_json()
+        out["event"] = ev.event.to_json()
+    elif isinstance(ev, stream.ApprovalRequest):
+        out["call"] = ev.call.to_json()
+    elif isinstance(ev, stream.UncertainPending):
+        out["executions"] = [
+            {"execution_id": u.execution_id, "call_id": u.call_id, "name": u.name}
+            for u in ev.executions
+        ]
+    elif isinstance(ev, stream.Retry):
+        out.update(attempt=ev.attempt, delay=ev.delay, error=ev.error)
+    elif isinstance(ev, stream.Paused):
+        out["reason"] = ev.reason
+    elif isinstance(ev, stream.Terminal):
+        out["outcome"] = ev.outcome.to_json()
+    return out
+
+
+def _summary(events: list[Event]) -> dict[str, Any]:
+    """Tokens and cost of what this command ran, from the provider's own counts."""
     from kiso.providers.registry import cost
 
-    evs = list(events)
-    start = max((i for i, e in enumerate(evs) if isinstance(e, RunStarted)), default=0)
-    turns = [e for e in evs[start:] if isinstance(e, Assistant)]
-    tokens_in = sum(t.usage.input or 0 for t in turns)
-    tokens_out = sum(t.usage.output or 0 for t in turns)
+    turns = [e for e in events if isinstance(e, Assistant)]
+    totals: dict[str, int | None] = {}
+    for name in ("input", "output", "cache_read", "cache_write"):
+        values = [getattr(t.usage, name) for t in turns]
+        totals[name] = (
+            sum(v for v in values if v is not None) if any(v is not None for v in values) else None
+        )
     costs = [cost(t.model, t.usage) for t in turns]
-    spent = "unknown" if not turns or None in costs else f"${sum(c or 0 for c in costs):.4f}"
-    return f"{len(turns)} model turns · in {tokens_in} out {tokens_out} tokens · cost {spent}"
+    spent = None if not turns or None in costs else round(sum(c or 0 for c in costs), 6)
+    runs = sum(isinstance(e, RunStarted) for e in events)
+    line = (
+        f"{len(turns)} model turns · in {totals['input'] or 0} out {totals['output'] or 0} "
+        f"tokens · cost {'unknown' if spent is None else f'${spent:.4f}'}"
+    )
+    answer = next((t.text for t in reversed(turns) if t.text), "")
+    return {
+        "usage": totals,
+        "cost": spent,
+        "turns": len(turns),
+        "runs": runs,
+        "line": line,
+        "answer": answer,
+    }

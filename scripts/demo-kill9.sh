@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The kill -9 story, twice in a row, each time with a fresh KISO_HOME:
+#   a session edits f1.txt, runs a slow shell command that would create marker.txt, then edits
+#   f3.txt. While the shell runs, the agent's process group and the shell's own group are killed
+#   with SIGKILL, as a machine crash would. `kiso resume` then rules the interrupted command
+#   "skip" and the ORIGINAL trajectory continues: f3.txt is edited, nothing before it repeats,
+#   and marker.txt never appears.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap >/dev/null
+kiso="$PWD/.venv/bin/kiso"
+
+story() {
+    local home ws log pid pgid shell_groups
+    home=$(mktemp -d) ws=$(mktemp -d)
+    printf 'OLD\n' > "$ws/f1.txt"
+    printf 'OLD\n' > "$ws/f3.txt"
+    cat > "$home/script.json" <<'JSON'
+{"turns": [
+  {"text": "First file.", "tool_calls": [{"name": "edit_file", "input": {"path": "f1.txt", "edits": [{"oldText": "OLD", "newText": "NEW"}]}}]},
+  {"text": "Now the slow suite.", "tool_calls": [{"name": "shell", "input": {"command": "sleep 30 && touch marker.txt"}}]},
+  {"text": "Last file.", "tool_calls": [{"name": "edit_file", "input": {"path": "f3.txt", "edits": [{"oldText": "OLD", "newText": "NEW"}]}}]},
+  {"text": "All done."}
+]}
+JSON
+    export KISO_HOME="$home" KISO_FAUX_SCRIPT="$home/script.json"
+    echo "== round $1: KISO_HOME=$home, workspace $ws"
+    (cd "$ws" && exec setsid "$kiso" -p "edit, run the suite, edit" k9 --mode bypass) \
+        >/dev/null 2>&1 &
+    pid=$!
+    for _ in $(seq 1 300); do
+        log=$(ls "$home"/projects/*/k9.jsonl 2>/dev/null || true)
+        if [ -n "$log" ] && [ "$(grep -c '"type":"execution_started"' "$log" || true)" -ge 2 ]; then
+            break
+        fi
+        sleep 0.05
+    done
+    sleep 0.3
+    pgid=$(ps -o pgid= -p "$pid" | tr -d ' ')
+    shell_groups=$(ps -eo pgid=,args= | awk '/marker.txt/ && /sleep/ && !/awk/ {print $1}' | sort -u)
+    echo "   kill -9 -$pgid (kiso) and -$(echo $shell_groups | tr ' ' ',') (its shell)"
+    kill -9 -- "-$pgid" 2>/dev/null || true
+    for g in $shell_groups; do kill -9 -- "-$g" 2>/dev/null || true; done
+    wait "$pid" 2>/dev/null || true
+    echo "   after the crash: f1=$(cat "$ws/f1.txt") f3=$(cat "$ws/f3.txt") marker=$([ -e "$ws/marker.txt" ] && echo yes || echo no)"
+    echo "   kiso resume k9 --resolve skip"
+    (cd "$ws" && "$kiso" resume k9 --resolve skip --mode bypass < /dev/null)
+    echo "   after the resume: f1=$(cat "$ws/f1.txt") f3=$(cat "$ws/f3.txt") marker=$([ -e "$ws/marker.txt" ] && echo yes || echo no)"
+    [ "$(cat "$ws/f1.txt")" = NEW ] && [ "$(cat "$ws/f3.txt")" = NEW ] && [ ! -e "$ws/marker.txt" ]
+    [ "$(grep -c '"type":"execution_resolved"' "$log")" = 1 ]
+    rm -rf "$home" "$ws"
+}
+
+story 1
+story 2
+echo "both rounds: the trajectory continued, nothing repeated, the marker never appeared"

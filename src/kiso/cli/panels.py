@@ -1,0 +1,577 @@
+"""The questions a run puts to the person at the terminal, and the bottom of the terminal where
+they are asked.
+
+The approval panel and the uncertain execution are selections, not forms: the highlight starts on
+the first option, arrows move it, a digit acts on its row, enter confirms; "No" lets the person
+type the reason the model is told. :class:`Tui` is the inline application at the bottom: the live
+part of the turn, the panel or the input, and the status row.
+
+The call itself is shown in full (the whole command, the whole diff, the whole content), printed
+into the scrollback above the panel so nothing is ever cut to fit the window. Irreversible
+deletes carry one yellow line naming what goes; nothing else carries a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from prompt_toolkit.application import Application, in_terminal, run_in_terminal
+from prompt_toolkit.buffer import Buffer
+from prompt_toolkit.filters import Condition, has_focus
+from prompt_toolkit.formatted_text import StyleAndTextTuples
+from prompt_toolkit.history import InMemoryHistory
+from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent, merge_key_bindings
+from prompt_toolkit.key_binding.defaults import load_key_bindings
+from prompt_toolkit.layout import (
+    ConditionalContainer,
+    Dimension,
+    Float,
+    FloatContainer,
+    HSplit,
+    Layout,
+    Window,
+)
+from prompt_toolkit.layout.controls import BufferControl, FormattedTextControl
+from prompt_toolkit.layout.menus import CompletionsMenu
+from prompt_toolkit.output import ColorDepth
+from prompt_toolkit.styles import Style
+from rich.console import Group, RenderableType
+from rich.padding import Padding
+from rich.text import Text
+
+from kiso.kernel import ToolCall, Uncertain, User
+from kiso.runtime.floor.parse import tolerant_tokens
+from kiso.runtime.rules import rule_for
+from kiso.tools import Tool
+
+from .picker import WorkspaceCompleter
+from .render import COMMANDS, CURSOR, KEYS, PROMPT, WARNING, diff_view, report, write
+
+if TYPE_CHECKING:
+    from .repl import Repl
+
+__all__ = [
+    "Option",
+    "Panel",
+    "Tui",
+    "approval_panel",
+    "call_view",
+    "irreversible_warning",
+    "uncertain_panel",
+]
+
+Action = Literal["yes", "always", "no", "rerun", "skipped", "applied"]
+
+
+@dataclass(slots=True)
+class Option:
+    label: str
+    action: Action
+    detail: str = ""
+    enabled: bool = True
+    why_not: str = ""
+
+
+@dataclass(slots=True)
+class Panel:
+    """A question with options; ``typing`` while the user writes why a call is denied."""
+
+    question: str
+    options: list[Option]
+    selected: int = 0
+    typing: bool = False
+    note: str = ""
+    """Shown under the options (why a disabled option cannot be chosen)."""
+    reason: str = ""
+    """What the person typed after "No": the model is told."""
+    hint: str = "↑↓ move · ⏎ confirms · digits act on their row · esc stops the run"
+    extra: list[str] = field(default_factory=list)
+
+    def move(self, delta: int) -> None:
+        """Move the highlight, over the options that cannot be chosen."""
+        self.note = ""
+        for _ in self.options:
+            self.selected = (self.selected + delta) % len(self.options)
+            if self.options[self.selected].enabled:
+                return
+
+    def pick(self, index: int) -> Option | None:
+        """The option at ``index`` if it can be chosen (a disabled one says why instead)."""
+        if not 0 <= index < len(self.options):
+            return None
+        option = self.options[index]
+        if not option.enabled:
+            self.note = option.why_not
+            return None
+        self.selected = index
+        return option
+
+    def fragments(self, width: int) -> StyleAndTextTuples:
+        out: StyleAndTextTuples = [("class:question", self.question + "\n")]
+        for i, option in enumerate(self.options):
+            chosen = i == self.selected
+            marker = CURSOR if chosen else "  "
+            style = "class:selected" if chosen else ""
+            if not option.enabled:
+                style += " class:disabled"
+            out.append((style, f"{marker}{i + 1}. {option.label}"))
+            if option.detail:
+                out.append(("class:detail", f"  {option.detail}"))
+            out.append(("", "\n"))
+        if self.note and not self.typing:
+            out.append(("class:warning", self.note + "\n"))
+        if not self.typing:
+            out.append(("class:hint", self.hint))
+        elif out and out[-1] == ("", "\n"):
+            out.pop()
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# the panels
+
+
+def approval_panel(call: ToolCall, tool: Tool | None, workspace: Path) -> Panel:
+    inp: dict[str, Any] = dict(call.input)
+    path = inp.get("path") if isinstance(inp.get("path"), str) else None
+    if call.name == "shell":
+        question = "Run this command?"
+    elif call.name == "edit_file" and path:
+        question = f"Apply this edit to {path}?"
+    elif call.name == "write_file" and path:
+        question = f"Write {path}?"
+    else:
+        question = f"Allow {call.name}?"
+    rule = rule_for(call, tool, workspace)
+    always = Option("Yes, and don't ask again", "always")
+    if rule is None:
+        always.enabled = False
+        always.detail = "(not offered for this call)"
+        always.why_not = (
+            "no rule can cover this call: compound commands and paths under .git/ or .kiso/ "
+            "always ask"
+        )
+    else:
+        always.detail = f"(adds the rule `{rule.text}`)"
+    return Panel(
+        question,
+        [Option("Yes", "yes"), always, Option("No (tell the model why)", "no")],
+    )
+
+
+def uncertain_panel(u: Uncertain) -> Panel:
+    return Panel(
+        f"interrupted execution: {u.name} ({u.execution_id}) — did it apply?",
+        [
+            Option("rerun it", "rerun"),
+            Option("skip it", "skipped"),
+            Option("it was applied", "applied"),
+        ],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the call in full
+
+
+def call_view(call: ToolCall, workspace: Path, *, heading: str | None = None) -> RenderableType:
+    """The whole call: the command, the diff or the content, never truncated."""
+    inp: dict[str, Any] = dict(call.input)
+    path = inp.get("path")
+    where = f" {path}" if isinstance(path, str) and call.name != "shell" else ""
+    title = Text(heading or f"● {call.name}{where}", style="bold")
+    parts: list[RenderableType] = [Text(""), title]
+    if call.name == "shell" and isinstance(inp.get("command"), str):
+        parts.append(Padding(Text(inp["command"], overflow="fold"), (0, 0, 0, 2)))
+        if "timeout_ms" in inp:
+            parts.append(Text(f"  timeout {inp['timeout_ms']} ms"))
+        warning = irreversible_warning(inp["command"])
+        if warning:
+            parts.append(Text(f"⚠ irreversible: {warning}", style=WARNING))
+    elif call.name in ("edit_file", "write_file") and isinstance(inp.get("path"), str):
+        parts.append(Padding(diff_view(call.name, inp, workspace), (0, 0, 0, 2)))
+    else:
+        body = json.dumps(inp, ensure_ascii=False, indent=2)
+        parts.append(Padding(Text(body, overflow="fold"), (0, 0, 0, 2)))
+    return Group(*parts)
+
+
+# --------------------------------------------------------------------------------------------
+# the terminal: an inline application at the bottom, finished output above it
+
+
+class Tui:
+    def __init__(self, repl: Repl) -> None:
+        self.repl = repl
+        self.panel: Panel | None = None
+        self.answer: asyncio.Future[Option | None] | None = None
+        history = InMemoryHistory()
+        for e in repl.session.events:
+            if isinstance(e, User) and isinstance(e.content, str) and e.source == "user":
+                history.append_string(e.content)
+        self.input = Buffer(
+            multiline=True,
+            history=history,
+            completer=WorkspaceCompleter(repl.setup.workspace, COMMANDS),
+            complete_while_typing=True,
+        )
+        self.why = Buffer(multiline=False)
+        self.panel_window = Window(
+            FormattedTextControl(self._panel, focusable=True, show_cursor=False),
+            wrap_lines=True,
+            dont_extend_height=True,
+        )
+        self.why_window = Window(
+            BufferControl(self.why), height=1, get_line_prefix=lambda n, w: "  why? " + PROMPT
+        )
+        self.input_window = Window(
+            BufferControl(self.input),
+            wrap_lines=True,
+            dont_extend_height=True,
+            height=Dimension(min=1, max=12),
+            get_line_prefix=lambda n, w: PROMPT if n == 0 and w == 0 else "  ",
+        )
+        self.app: Application[int] = Application(
+            layout=self._layout(),
+            key_bindings=merge_key_bindings([load_key_bindings(), self._bindings()]),
+            style=STYLE,
+            full_screen=False,
+            erase_when_done=True,
+            mouse_support=False,
+            include_default_pygments_style=False,
+            color_depth=None if repl.policy.color else ColorDepth.DEPTH_1_BIT,
+        )
+        self.app.ttimeoutlen = 0.05
+        self.app.timeoutlen = 0.3
+
+    # ------------------------------------------------------------------ Screen
+
+    def width(self) -> int:
+        return max(self.app.output.get_size().columns, 20)
+
+    async def show(self, item: RenderableType) -> None:
+        text = self.repl.printer.render(item, self.width())
+        await run_in_terminal(lambda: write(text))
+
+    def refresh(self) -> None:
+        self.app.invalidate()
+
+    def clear(self) -> None:
+        self.app.renderer.clear()
+
+    def exit(self, code: int) -> None:
+        if self.app.is_running and not self.app.is_done:
+            self.app.exit(result=code)
+
+    async def ask(self, panel: Panel) -> Option | None:
+        self.panel = panel
+        self.answer = asyncio.get_running_loop().create_future()
+        self.app.layout.focus(self.panel_window)
+        self.refresh()
+        try:
+            return await self.answer
+        finally:
+            self.panel = self.answer = None
+            self.why.reset()
+            self.app.layout.focus(self.input_window)
+            self.refresh()
+
+    async def pick(self) -> str | None:
+        from kiso.kernel.jsonl import JsonlSessionStore
+
+        from .picker import pick_session_async
+
+        store = self.repl.setup.agent.store
+        if not isinstance(store, JsonlSessionStore):
+            return None
+        async with in_terminal():
+            return await pick_session_async(store, self.repl.setup.workspace)
+
+    async def run(self) -> int:
+        repl = self.repl
+        worker: asyncio.Task[None] | None = None
+
+        def start() -> None:
+            nonlocal worker
+            worker = asyncio.ensure_future(repl.worker())
+
+        try:
+            return await self.app.run_async(pre_run=start)
+        except EOFError:
+            return repl.quit_code()
+        finally:
+            if self.answer is not None and not self.answer.done():
+                self.answer.cancel()
+            if repl.running:
+                repl.session.abort()
+                for _ in range(200):
+                    if not repl.running:
+                        break
+                    await asyncio.sleep(0.05)
+            if worker is not None:
+                worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
+
+    # ------------------------------------------------------------------ layout
+
+    def _layout(self) -> Layout:
+        repl = self.repl
+        has_panel = Condition(lambda: self.panel is not None)
+        typing = Condition(lambda: self.panel is not None and self.panel.typing)
+        completing = Condition(lambda: self.input.complete_state is not None)
+        body = HSplit(
+            [
+                ConditionalContainer(
+                    Window(FormattedTextControl(self._live), wrap_lines=True),
+                    Condition(lambda: bool(repl.text.pending.strip())),
+                ),
+                ConditionalContainer(
+                    Window(FormattedTextControl(self._cards), dont_extend_height=True),
+                    Condition(lambda: bool(repl.cards)),
+                ),
+                ConditionalContainer(
+                    Window(FormattedTextControl(self._working), height=1),
+                    Condition(lambda: repl.running),
+                ),
+                ConditionalContainer(
+                    HSplit([self.panel_window, ConditionalContainer(self.why_window, typing)]),
+                    has_panel,
+                ),
+                ConditionalContainer(self.input_window, ~has_panel),
+                ConditionalContainer(Window(height=self._menu_height), completing),
+                Window(FormattedTextControl(self._status), height=1),
+            ]
+        )
+        menu = Float(xcursor=True, ycursor=True, content=CompletionsMenu(max_height=8))
+        return Layout(FloatContainer(body, floats=[menu]), focused_element=self.input_window)
+
+    def _menu_height(self) -> Dimension:
+        state = self.input.complete_state
+        return Dimension.exact(min(len(state.completions), 8) if state else 0)
+
+    def _live(self) -> StyleAndTextTuples:
+        size = self.app.output.get_size()
+        lines = self.repl.text.pending.strip("\n").split("\n")
+        return [("", "\n".join(lines[-max(size.rows // 2, 3) :]))]
+
+    def _cards(self) -> StyleAndTextTuples:
+        return [("", "\n".join(self.repl.live_cards(self.width())))]
+
+    def _working(self) -> StyleAndTextTuples:
+        return [("class:working", self.repl.working(self.width()))]
+
+    def _status(self) -> StyleAndTextTuples:
+        return [("class:status", self.repl.status(self.width()))]
+
+    def _panel(self) -> StyleAndTextTuples:
+        return self.panel.fragments(self.width()) if self.panel else []
+
+    # ------------------------------------------------------------------ keys
+
+    def _choose(self, option: Option | None) -> None:
+        panel = self.panel
+        if panel is None or option is None:
+            self.refresh()
+            return
+        if option.action == "no" and not panel.typing:
+            panel.typing = True
+            self.app.layout.focus(self.why_window)
+        elif self.answer is not None and not self.answer.done():
+            self.answer.set_result(option)
+        self.refresh()
+
+    def _escape(self) -> None:
+        panel = self.panel
+        if panel is not None and panel.typing:
+            panel.typing = False
+            self.why.reset()
+            self.app.layout.focus(self.panel_window)
+        elif panel is not None:
+            if self.answer is not None and not self.answer.done():
+                self.answer.set_result(None)
+        elif self.input.complete_state is not None:
+            self.input.cancel_completion()
+        else:
+            self.repl.abort()
+
+    def _send(self) -> None:
+        b = self.input
+        state = b.complete_state
+        if state is not None and state.current_completion is not None:
+            b.apply_completion(state.current_completion)
+            return
+        text = b.text
+        b.reset(append_to_history=bool(text.strip()))
+        self.repl.submit(text)
+
+    def _later(self, item: RenderableType) -> None:
+        asyncio.ensure_future(self.show(item)).add_done_callback(report)
+
+    def _bindings(self) -> KeyBindings:
+        kb = KeyBindings()
+        repl = self.repl
+        in_input = has_focus(self.input)
+        empty = Condition(lambda: not self.input.text)
+        in_panel = Condition(lambda: self.panel is not None and not self.panel.typing)
+        in_why = has_focus(self.why)
+
+        kb.add("enter", filter=in_input)(lambda e: self._send())
+        kb.add("c-j", filter=in_input)(lambda e: self.input.insert_text("\n"))
+        kb.add("escape", eager=True)(lambda e: self._escape())
+        kb.add("?", filter=in_input & empty)(lambda e: self._later(Text(KEYS)))
+        kb.add("c-o")(lambda e: self._later(repl.last_view(full=False)))
+        kb.add("c-d", filter=in_input & empty)(lambda e: repl.quit(repl.quit_code()))
+        kb.add("c-l")(lambda e: self.clear())
+
+        @kb.add("c-c")
+        def _interrupt(event: KeyPressEvent) -> None:
+            if self.panel is not None or repl.running:
+                self._escape()
+            else:
+                self.input.reset()
+
+        for key, delta in (("up", -1), ("down", 1), ("c-p", -1), ("c-n", 1), ("k", -1), ("j", 1)):
+            kb.add(key, filter=in_panel)(lambda e, d=delta: self._move(d))
+        for digit in "123456789":
+            kb.add(digit, filter=in_panel)(
+                lambda e: self._choose(self.panel.pick(int(e.data) - 1) if self.panel else None)
+            )
+        kb.add("enter", filter=in_panel)(
+            lambda e: self._choose(self.panel.pick(self.panel.selected) if self.panel else None)
+        )
+
+        @kb.add("enter", filter=in_why)
+        def _why(event: KeyPressEvent) -> None:
+            if self.panel is not None and self.answer is not None and not self.answer.done():
+                self.panel.reason = self.why.text
+                no = next(o for o in self.panel.options if o.action == "no")
+                self.answer.set_result(no)
+
+        return kb
+
+    def _move(self, delta: int) -> None:
+        if self.panel is not None:
+            self.panel.move(delta)
+            self.refresh()
+
+
+STYLE = Style.from_dict(
+    {
+        "question": "bold",
+        "selected": "reverse",
+        "warning": "ansiyellow",
+        "error": "ansired",
+        "working": "bold",
+        "completion-menu": "noinherit",
+        "completion-menu.completion": "noinherit",
+        "completion-menu.completion.current": "noinherit reverse",
+        "completion-menu.meta.completion": "noinherit",
+        "completion-menu.meta.completion.current": "noinherit reverse",
+        "scrollbar.background": "noinherit",
+        "scrollbar.button": "noinherit reverse",
+    }
+)
+
+
+# --------------------------------------------------------------------------------------------
+# irreversible deletes
+
+
+_SEPARATORS = frozenset("();<>|&`\n")
+_WRAPPERS = frozenset({"sudo", "doas", "nice", "nohup", "time", "command", "builtin", "exec"})
+
+
+def _simple_commands(command: str) -> list[list[str]]:
+    out: list[list[str]] = [[]]
+    for token in tolerant_tokens(command):
+        if token in _SEPARATORS:
+            out.append([])
+        else:
+            out[-1].append(token)
+    return [words for words in out if words]
+
+
+def _unwrap(words: list[str]) -> list[str]:
+    i = 0
+    while i < len(words):
+        word = words[i]
+        assignment = "=" in word and word.split("=", 1)[0].isidentifier()
+        if assignment or word in _WRAPPERS or word == "env" or (word.startswith("-") and i > 0):
+            i += 1
+        elif word == "xargs":
+            i += 1
+            while i < len(words) and words[i].startswith("-"):
+                i += 1
+        else:
+            break
+    return words[i:]
+
+
+def _split_options(args: list[str]) -> tuple[list[str], list[str]]:
+    flags: list[str] = []
+    operands: list[str] = []
+    ended = False
+    for arg in args:
+        if not ended and arg == "--":
+            ended = True
+        elif not ended and arg.startswith("-") and arg != "-":
+            flags.append(arg)
+        else:
+            operands.append(arg)
+    return flags, operands
+
+
+def _short(flags: list[str], letters: str) -> bool:
+    return any(not f.startswith("--") and any(c in f[1:] for c in letters) for f in flags)
+
+
+def _rm(args: list[str]) -> str | None:
+    flags, targets = _split_options(args)
+    if not (_short(flags, "rR") or "--recursive" in flags) or not targets:
+        return None
+    return f"rm deletes {', '.join(targets)} and everything inside"
+
+
+def _git(args: list[str]) -> str | None:
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if args[i] in ("-C", "-c") else 1
+    if i >= len(args):
+        return None
+    sub, rest = args[i], args[i + 1 :]
+    if sub == "checkout" and "--" in rest:
+        paths = rest[rest.index("--") + 1 :]
+        what = ", ".join(paths) if paths else "the named paths"
+        return f"git checkout -- discards uncommitted changes to {what}"
+    if sub == "reset" and "--hard" in rest:
+        return "git reset --hard discards every uncommitted change in the working tree"
+    if sub == "clean":
+        flags, paths = _split_options(rest)
+        if _short(flags, "f") or "--force" in flags:
+            kinds = "untracked files and directories" if _short(flags, "d") else "untracked files"
+            where = f" in {', '.join(paths)}" if paths else ""
+            ignored = " (ignored ones too)" if _short(flags, "x") else ""
+            return f"git clean deletes {kinds}{where}{ignored}"
+    return None
+
+
+def irreversible_warning(command: str) -> str | None:
+    """One line naming what an irreversible delete removes, or None for any other command:
+    ``rm -r``/``rm -rf`` (its targets), ``git checkout --``, ``git reset --hard``,
+    ``git clean -f``."""
+    found: list[str] = []
+    for simple in _simple_commands(command):
+        words = _unwrap(simple)
+        if not words:
+            continue
+        name = words[0].rsplit("/", 1)[-1]
+        said = _rm(words[1:]) if name == "rm" else _git(words[1:]) if name == "git" else None
+        if said and said not in found:
+            found.append(said)
+    return "; ".join(found) if found else None

@@ -1,0 +1,59 @@
+"""Building a session for the CLI: config, model, agent, the workspace check. Shared by print
+mode and the interactive session so both choose models and open sessions the same way."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiso.kernel import JsonlSessionStore, KisoError, SessionNotFoundError, kiso_home
+from kiso.runtime import Agent, Session
+from kiso.runtime.config import Config, load_config
+from kiso.runtime.models import ResolvedModel, build_adapter, resolve_model
+from kiso.tools import builtin_tools
+
+__all__ = ["Setup", "open_session", "prepare"]
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    agent: Agent
+    config: Config
+    resolved: ResolvedModel
+    workspace: Path
+
+
+def prepare(*, model: str | None, mode: str | None, workspace: Path | None = None) -> Setup:
+    """Config (flags > env > project > user), the model and its key, and the agent."""
+    ws = Path(os.path.realpath(workspace or os.getcwd()))
+    home = kiso_home()
+    config = load_config(home, ws, model=model, mode=mode)
+    resolved = resolve_model(config, home=home)
+    agent = Agent(
+        adapter=build_adapter(resolved),
+        tools=builtin_tools(),
+        store=JsonlSessionStore(home),
+        workspace=ws,
+        mode=config.mode,
+        floor=config.floor,
+        profile=resolved.profile.name if resolved.profile else None,
+        strip_env=resolved.strip_env,
+    )
+    return Setup(agent, config, resolved, ws)
+
+
+def open_session(setup: Setup, session_id: str | None) -> Session:
+    """Open (or create) a session; one that started in another workspace is refused by name."""
+    if session_id is not None:
+        store = setup.agent.store
+        try:
+            header = store.load(session_id).header
+        except SessionNotFoundError:
+            header = None
+        if header is not None and header.workspace != str(setup.workspace):
+            raise KisoError(
+                f"session {session_id} belongs to {header.workspace}; a session resumes only in "
+                f"its own workspace: cd {header.workspace} && kiso resume {session_id}"
+            )
+    return setup.agent.session(session_id)

@@ -1,0 +1,109 @@
+"""Headless runs: output formats, resume off a terminal, rulings, and the workspace rule."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent / "kiso"
+KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "KISO_FAUX_SCRIPT", "KISO_MODEL")
+
+
+def kiso(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in KEYS and k != "KISO_FAILPOINT"}
+    return subprocess.run(
+        [str(BIN), *args],
+        cwd=cwd,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def script(tmp_path: Path, *turns: dict[str, object]) -> str:
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps({"turns": list(turns)}))
+    return str(path)
+
+
+def test_json_and_stream_json_results(tmp_path: Path) -> None:
+    s = script(
+        tmp_path,
+        {"tool_calls": [{"name": "list_dir", "input": {}}], "usage": {"input": 10, "output": 2}},
+        {"text": "Two files.", "usage": {"input": 30, "output": 3, "cache_read": 8}},
+    )
+    out = kiso(tmp_path, "-p", "what is here?", "j1", "--output-format", "json", KISO_FAUX_SCRIPT=s)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["type"] == "result" and result["session_id"] == "j1"
+    assert result["is_error"] is False and result["outcome"] == {"kind": "completed"}
+    assert result["result"] == "Two files."
+    assert result["usage"] == {"input": 40, "output": 5, "cache_read": 8, "cache_write": None}
+    assert result["cost"] is None  # a faux model has no price: unknown, never invented
+    streamed = kiso(tmp_path, "-p", "again", "--output-format", "stream-json", KISO_FAUX_SCRIPT=s)
+    lines = [json.loads(line) for line in streamed.stdout.splitlines()]
+    kinds = [line["type"] for line in lines]
+    assert kinds[0] == "note" and kinds[-1] == "result"
+    assert "tool_start" in kinds and "tool_end" in kinds and "terminal" in kinds
+    tool_end = next(line for line in lines if line["type"] == "tool_end")
+    assert tool_end["event"]["type"] == "execution_finished"
+
+
+def test_an_uncertain_execution_stops_a_headless_resume_until_ruled(tmp_path: Path) -> None:
+    s = script(
+        tmp_path,
+        {"tool_calls": [{"name": "shell", "input": {"command": "echo ran >> effects.log"}}]},
+        {"text": "done"},
+    )
+    crashed = kiso(
+        tmp_path, "-p", "go", "s1", "--mode", "bypass",
+        KISO_FAUX_SCRIPT=s, KISO_FAILPOINT="execution_started",
+    )  # fmt: skip
+    assert crashed.returncode == -signal.SIGKILL
+    stuck = kiso(tmp_path, "resume", "s1", "--mode", "bypass", KISO_FAUX_SCRIPT=s)
+    assert stuck.returncode == 1
+    assert (
+        "shell (s1:" in stuck.stderr
+        and "kiso resume s1 --resolve rerun|skip|applied" in stuck.stderr
+    )
+    assert not (tmp_path / "effects.log").exists()
+    ruled = kiso(
+        tmp_path, "resume", "s1", "--resolve", "rerun", "--mode", "bypass", KISO_FAUX_SCRIPT=s
+    )
+    assert ruled.returncode == 0, ruled.stderr
+    assert (tmp_path / "effects.log").read_text() == "ran\n"  # run again once, as ruled
+
+
+def test_resume_with_a_prompt_off_a_terminal_runs_headless(tmp_path: Path) -> None:
+    s = script(tmp_path, {"text": "first"}, {"text": "second"})
+    assert kiso(tmp_path, "-p", "one", "r1", KISO_FAUX_SCRIPT=s).returncode == 0
+    out = kiso(tmp_path, "resume", "r1", "two", KISO_FAUX_SCRIPT=s)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "second"
+    idle = kiso(tmp_path, "resume", "r1", KISO_FAUX_SCRIPT=s)
+    assert idle.returncode == 0  # nothing open: nothing to do
+
+
+def test_a_session_resumes_only_in_its_own_workspace(tmp_path: Path) -> None:
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    there.mkdir()
+    s = script(tmp_path, {"text": "hi"}, {"text": "again"})
+    assert kiso(here, "-p", "hi", "w1", KISO_FAUX_SCRIPT=s).returncode == 0
+    out = kiso(there, "resume", "w1", "more", KISO_FAUX_SCRIPT=s)
+    assert out.returncode == 1
+    assert f"cd {here}" in out.stderr and "only in its own workspace" in out.stderr
+
+
+def test_commands_that_need_a_terminal_say_so(tmp_path: Path) -> None:
+    bare = kiso(tmp_path)
+    assert bare.returncode == 2 and 'kiso -p "prompt"' in bare.stderr
+    picker = kiso(tmp_path, "resume")
+    assert picker.returncode == 2 and "needs a session id" in picker.stderr

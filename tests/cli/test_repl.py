@@ -1,0 +1,455 @@
+"""The interactive session in a real pseudo-terminal: what a person sees on the screen.
+
+Each test spawns the session in a PTY (pexpect), feeds everything it writes into a terminal
+emulator (pyte) and asserts on the screen; the model is a scripted faux model, KISO_HOME a
+temporary folder. Every wait is bounded and every child is killed in a finally block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pyte
+import pytest
+
+from kiso.kernel import ApprovalDecided, Event, JsonlSessionStore, RunEnded
+from kiso.providers import FauxAdapter
+from kiso.runtime import Agent
+from kiso.tools import builtin_tools
+
+PYTHON = sys.executable
+ENTRY = (
+    "import sys; from kiso.cli.repl import run_interactive; "
+    "sys.exit(run_interactive(session_id={sid!r}, model=None, mode={mode!r}, prompt=None))"
+)
+PICKER = (
+    "import sys; from pathlib import Path; from kiso.kernel import JsonlSessionStore; "
+    "from kiso.cli.picker import pick_session; "
+    "print('PICKED', pick_session(JsonlSessionStore(), Path.cwd()))"
+)
+DROP = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "KISO_MODEL", "KISO_MODE")
+ESC, ENTER = "\x1b", "\r"
+COLOR_SGR = re.compile(rb"\x1b\[([0-9;]*)m")
+
+
+def is_colour(params: bytes) -> bool:
+    """Does an SGR parameter list set a colour (foreground or background)?"""
+    codes = [int(p) for p in params.split(b";") if p.isdigit()]
+    return any(30 <= c <= 49 or 90 <= c <= 107 for c in codes)
+
+
+class Term:
+    """A child process in a PTY, its output kept raw and rendered on a pyte screen."""
+
+    def __init__(
+        self,
+        code: str,
+        *,
+        cwd: Path,
+        home: Path,
+        script: Path | None = None,
+        cols: int = 100,
+        rows: int = 40,
+        **env: str,
+    ) -> None:
+        base = {k: v for k, v in os.environ.items() if k not in DROP and k != "NO_COLOR"}
+        base.update(
+            KISO_HOME=str(home),
+            TERM="xterm-256color",
+            PROMPT_TOOLKIT_NO_CPR="1",
+            COLUMNS=str(cols),
+            LINES=str(rows),
+        )
+        if script is not None:
+            base["KISO_FAUX_SCRIPT"] = str(script)
+        else:
+            base.pop("KISO_FAUX_SCRIPT", None)
+        base.update(env)
+        self.screen = pyte.Screen(cols, rows)
+        self.stream = pyte.ByteStream(self.screen)
+        self.raw = bytearray()
+        self.child = pexpect.spawn(
+            PYTHON, ["-c", code], cwd=str(cwd), env=base, dimensions=(rows, cols), timeout=5
+        )
+        self.eof = False
+
+    def pump(self, wait: float = 0.05) -> None:
+        if self.eof:
+            time.sleep(wait)
+            return
+        try:
+            data = self.child.read_nonblocking(65536, timeout=wait)
+        except pexpect.TIMEOUT:
+            return
+        except pexpect.EOF:
+            self.eof = True
+            return
+        self.raw += data
+        self.stream.feed(data)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line.rstrip() for line in self.screen.display)
+
+    def wait(self, check: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.pump()
+            if check():
+                return
+        raise AssertionError(f"timed out waiting for {what}; the screen:\n{self.text}")
+
+    def wait_for(self, needle: str, timeout: float = 10) -> str:
+        self.wait(lambda: needle in self.text, timeout, repr(needle))
+        return self.text
+
+    def settle(self, quiet: float = 0.3, timeout: float = 5) -> None:
+        """Pump until nothing new arrives for ``quiet`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            before = len(self.raw)
+            end = time.monotonic() + quiet
+            while time.monotonic() < end:
+                self.pump()
+            if len(self.raw) == before:
+                return
+
+    def send(self, keys: str) -> None:
+        self.child.send(keys)
+
+    def exit_status(self, timeout: float = 10) -> int | None:
+        self.wait(lambda: self.eof, timeout, "the process to exit")
+        self.child.close(force=True)
+        return self.child.exitstatus
+
+    def close(self) -> None:
+        if self.child.isalive():
+            try:
+                os.killpg(self.child.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.child.close(force=True)
+
+
+def squash(text: str) -> str:
+    return "".join(text.split())
+
+
+def write_script(path: Path, turns: list[dict[str, Any]]) -> Path:
+    path.write_text(json.dumps({"turns": turns}))
+    return path
+
+
+def events(home: Path, sid: str) -> list[Event]:
+    return list(JsonlSessionStore(home).load(sid).events)
+
+
+def status_line(term: Term) -> str:
+    lines = [ln for ln in term.text.splitlines() if ln.startswith("▸ ")]
+    return lines[-1] if lines else ""
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    folder = tmp_path / "ws"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def kiso_home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def spawn(ws: Path, kiso_home: Path) -> Iterator[Callable[..., Term]]:
+    started: list[Term] = []
+
+    def start(
+        script: Path | None = None,
+        *,
+        sid: str = "s",
+        mode: str | None = None,
+        code: str | None = None,
+        **kw: Any,
+    ) -> Term:
+        term = Term(
+            code or ENTRY.format(sid=sid, mode=mode), cwd=ws, home=kiso_home, script=script, **kw
+        )
+        started.append(term)
+        return term
+
+    try:
+        yield start
+    finally:
+        for term in started:
+            term.close()
+
+
+SHELL = {"name": "shell", "input": {"command": "echo hi"}}
+
+
+def shell(command: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "shell", "input": {"command": command}}]}
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_prompt_is_answered_with_text_that_streams_in(
+    spawn: Callable[..., Term], tmp_path: Path
+) -> None:
+    answer = "The first words arrive early. " * 3 + "The last words arrive LATE."
+    script = write_script(
+        tmp_path / "s.json",
+        [{"text": answer, "delay_ms": 2500, "usage": {"input": 900, "output": 40}}],
+    )
+    term = spawn(script)
+    term.wait_for("▸ default")
+    term.send("hello there" + ENTER)
+    term.wait_for("The first words")
+    assert "LATE" not in term.text  # the beginning is shown before the end exists
+    assert "working" in term.text
+    screen = term.wait_for("LATE.")
+    assert "› hello there" in screen
+    term.wait_for("✦ took")
+    term.wait(lambda: "ctx left ~99%" in status_line(term), 5, "the status row")
+    term.send("/exit" + ENTER)
+    assert term.exit_status() == 0
+
+
+def test_the_approval_panel_shows_the_whole_command_and_enter_approves(
+    spawn: Callable[..., Term], tmp_path: Path, ws: Path, kiso_home: Path
+) -> None:
+    words = " ".join(f"word{i:03d}" for i in range(60))
+    command = f"echo {words} > out.txt"
+    script = write_script(tmp_path / "s.json", [shell(command), {"text": "Written."}])
+    term = spawn(script, cols=80)
+    term.wait_for("▸ default")
+    term.send("write it" + ENTER)
+    screen = term.wait_for("Run this command?")
+    assert squash(command) in squash(screen)  # never truncated, however long
+    assert "❯ 1. Yes" in screen  # the highlight is already on Yes
+    assert "2. Yes, and don't ask again" in screen
+    assert "3. No (tell the model why)" in screen
+    assert "⚠" not in screen
+    term.send(ENTER)
+    term.wait_for("✓ approved")
+    term.wait_for("Written.")
+    assert "exit 0" in term.text
+    assert (ws / "out.txt").read_text().startswith("word000")
+    decided = [e for e in events(kiso_home, "s") if isinstance(e, ApprovalDecided)]
+    assert [(d.decision, d.decided_by) for d in decided] == [("approved", "user")]
+
+
+def test_two_approves_and_writes_the_dont_ask_again_rule(
+    spawn: Callable[..., Term], tmp_path: Path, ws: Path, kiso_home: Path
+) -> None:
+    (ws / "f1.txt").write_text("one\nOLD\nthree\n")
+    edit = {"path": "f1.txt", "edits": [{"oldText": "OLD", "newText": "NEW"}]}
+    script = write_script(
+        tmp_path / "s.json",
+        [{"tool_calls": [{"name": "edit_file", "input": edit}]}, {"text": "Edited."}],
+    )
+    term = spawn(script)
+    term.wait_for("▸ default")
+    term.send("edit it" + ENTER)
+    screen = term.wait_for("Apply this edit to f1.txt?")
+    assert "-OLD" in screen and "+NEW" in screen  # the whole diff, with context
+    assert " one" in screen and " three" in screen
+    term.send("2")
+    term.wait_for("Edited.")
+    assert (ws / "f1.txt").read_text() == "one\nNEW\nthree\n"
+    rules = (kiso_home / "dont-ask-again.rules").read_text().splitlines()
+    assert "edit_file: f1.txt" in rules
+    decided = [e for e in events(kiso_home, "s") if isinstance(e, ApprovalDecided)]
+    assert decided[0].decision == "approved" and decided[0].rule == "edit_file: f1.txt"
+
+
+def test_three_denies_with_the_guidance_the_user_types(
+    spawn: Callable[..., Term], tmp_path: Path, ws: Path, kiso_home: Path
+) -> None:
+    script = write_script(tmp_path / "s.json", [shell("touch made.txt"), {"text": "Understood."}])
+    term = spawn(script)
+    term.wait_for("▸ default")
+    term.send("make it" + ENTER)
+    term.wait_for("Run this command?")
+    term.send("3")
+    term.wait_for("why?")
+    term.send("use the build script instead" + ENTER)
+    term.wait_for("Understood.")
+    assert "✗ denied: use the build script instead" in term.text
+    assert not (ws / "made.txt").exists()
+    decided = [e for e in events(kiso_home, "s") if isinstance(e, ApprovalDecided)]
+    assert decided[0].decision == "denied"
+    assert decided[0].reason == "use the build script instead"
+
+
+def test_irreversible_deletes_carry_one_warning_line_naming_what_goes(
+    spawn: Callable[..., Term], tmp_path: Path, ws: Path
+) -> None:
+    for name in ("build", "dist"):
+        (ws / name).mkdir()
+    script = write_script(
+        tmp_path / "s.json",
+        [shell("ls -la"), shell("rm -rf build dist"), {"text": "Cleaned."}],
+    )
+    term = spawn(script)
+    term.wait_for("▸ default")
+    term.send("clean" + ENTER)
+    screen = term.wait_for("Run this command?")
+    assert "⚠" not in screen  # an ordinary command carries no warning
+    term.send(ENTER)
+    term.wait(lambda: "rm -rf build dist" in term.text, 10, "the second command")
+    screen = term.wait_for("Run this command?")
+    warnings = [ln for ln in screen.splitlines() if "⚠" in ln]
+    assert len(warnings) == 1
+    assert "build" in warnings[0] and "dist" in warnings[0]
+    term.send(ENTER)
+    term.wait_for("Cleaned.")
+    assert not (ws / "build").exists() and not (ws / "dist").exists()
+
+
+def test_no_color_means_no_colour_codes_at_all(
+    spawn: Callable[..., Term], tmp_path: Path, ws: Path
+) -> None:
+    (ws / "f.txt").write_text("OLD\n")
+    edit = {"path": "f.txt", "edits": [{"oldText": "OLD", "newText": "NEW"}]}
+    turns = [{"tool_calls": [{"name": "edit_file", "input": edit}]}, {"text": "**Done**."}]
+    script = write_script(tmp_path / "s.json", turns)
+    seen: dict[str, bytes] = {}
+    for label, extra in (("mono", {"NO_COLOR": "1"}), ("colour", {})):
+        (ws / "f.txt").write_text("OLD\n")
+        term = spawn(script, sid=label, **extra)
+        term.wait_for("▸ default")
+        term.send("edit" + ENTER)
+        term.wait_for("Apply this edit")
+        term.send(ENTER)
+        term.wait_for("Done")
+        term.send("more" + ENTER)  # the script is exhausted: an error, in red
+        term.wait_for("script_exhausted")
+        term.settle()
+        seen[label] = bytes(term.raw)
+    colours = [p for p in COLOR_SGR.findall(seen["mono"]) if is_colour(p)]
+    assert colours == []
+    assert any(is_colour(p) for p in COLOR_SGR.findall(seen["colour"]))  # the control
+
+
+def test_exhausted_script_shows_the_error_and_the_session_goes_on(
+    spawn: Callable[..., Term], tmp_path: Path
+) -> None:
+    script = write_script(tmp_path / "s.json", [{"text": "Only answer."}])
+    term = spawn(script)
+    term.wait_for("▸ default")
+    term.send("one" + ENTER)
+    term.wait_for("Only answer.")
+    term.send("two" + ENTER)
+    term.wait_for("script_exhausted")
+    assert squash("Set an API key") in squash(term.text)  # the runtime's own message
+    term.send("/status" + ENTER)
+    term.wait_for("workspace")  # still running
+    term.send("\x04")  # ctrl+d right after a run that ended in an error
+    assert term.exit_status() == 1
+
+
+def test_a_narrow_terminal_shortens_the_model_name_not_the_facts(
+    spawn: Callable[..., Term], tmp_path: Path
+) -> None:
+    script = write_script(
+        tmp_path / "a-rather-long-script-name-for-a-narrow-terminal.json",
+        [{"text": "Hi.", "usage": {"input": 6400, "output": 10, "cache_read": 1600}}],
+    )
+    term = spawn(script, cols=60)
+    term.wait_for("▸ default")
+    term.send("hi" + ENTER)
+    term.wait_for("✦ took")
+    term.wait(lambda: "ctx left ~94%" in status_line(term), 5, "the status row")
+    row = status_line(term)
+    assert row.startswith("▸ default · ")
+    assert "ctx left ~94%" in row and "cache 20%" in row
+    assert "…" in row and "faux:a-rather-long-script-name-for-a-narrow-terminal.json" not in row
+    assert len(row) <= 60
+
+
+def test_esc_stops_a_slow_tool_and_the_run_ends_aborted(
+    spawn: Callable[..., Term], tmp_path: Path, kiso_home: Path
+) -> None:
+    script = write_script(tmp_path / "s.json", [shell("sleep 30"), {"text": "never"}])
+    term = spawn(script, mode="bypass")
+    term.wait_for("▸ bypass")
+    term.send("wait" + ENTER)
+    term.wait_for("● shell sleep 30")
+    assert "esc stops" in term.text
+    began = time.monotonic()
+    term.send(ESC)
+    term.wait_for("aborted", timeout=10)
+    assert time.monotonic() - began < 8
+    assert "shell sleep 30 · stopped" in term.text
+    log = events(kiso_home, "s")
+    ends = [e for e in log if isinstance(e, RunEnded)]
+    assert len(ends) == 1 and ends[0].outcome.kind == "aborted"
+    assert isinstance(log[-1], RunEnded)
+    term.send("/exit" + ENTER)
+    assert term.exit_status() == 0
+
+
+def _sessions(home: Path, ws: Path, other: Path) -> None:
+    """done (completed), blank (empty), asks (awaiting_approval), elsewhere (another place)."""
+    store = JsonlSessionStore(home)
+
+    def agent(turns: list[dict[str, Any]], where: Path) -> Agent:
+        return Agent(
+            adapter=FauxAdapter(turns), tools=builtin_tools(), store=store, workspace=where
+        )
+
+    with agent([{"text": "fine"}], ws).session("done") as s:
+        list(s.run_sync("finish the report"))
+    store.create(str(ws), session_id="blank").close()
+    with agent([shell("make")], ws).session("asks") as s:
+        list(s.run_sync("build the thing"))  # nobody answers: it pauses
+    with agent([{"text": "ok"}], other).session("elsewhere") as s:
+        list(s.run_sync("another project"))
+
+
+def test_the_picker_lists_states_filters_picks_and_cancels(
+    spawn: Callable[..., Term], tmp_path: Path, ws: Path, kiso_home: Path
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    _sessions(kiso_home, ws, other)
+    before = {p: p.read_bytes() for p in kiso_home.rglob("*.jsonl")}
+    held = JsonlSessionStore(kiso_home).open("done")  # the picker needs no writer lock
+    term = spawn(code=PICKER)
+    screen = term.wait_for("esc cancel")
+    assert re.search(r"done\s+completed\s+\S+\s+finish the report", screen)
+    assert re.search(r"blank\s+empty", screen)
+    assert re.search(r"asks\s+awaiting_approval\s+\S+\s+build the thing", screen)
+    assert "elsewhere" not in screen  # only this directory's sessions
+    term.send("\t")
+    screen = term.wait_for("elsewhere")
+    assert f"[{other}]" in screen  # every workspace: rows tagged with where they started
+    term.send("\t")
+    term.wait(lambda: "elsewhere" not in term.text, 5, "the current scope")
+    term.send("report")
+    screen = term.wait_for("filter: report")
+    assert "blank" not in screen and "asks" not in screen
+    term.send(ENTER)
+    term.wait_for("PICKED done")
+    assert term.exit_status() == 0
+    held.close()
+
+    cancel = spawn(code=PICKER)
+    cancel.wait_for("esc cancel")
+    cancel.send(ESC)
+    cancel.wait_for("PICKED None")
+    assert cancel.exit_status() == 0
+    assert {p: p.read_bytes() for p in kiso_home.rglob("*.jsonl")} == before  # nothing written
