@@ -7,10 +7,13 @@ temporary folder. Every wait is bounded and every child is killed in a finally b
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,12 +24,14 @@ import pexpect
 import pyte
 import pytest
 
+from kiso.cli.render import CURSOR, PROMPT
 from kiso.kernel import ApprovalDecided, Event, JsonlSessionStore, RunEnded
 from kiso.providers import FauxAdapter
 from kiso.runtime import Agent
 from kiso.tools import builtin_tools
 
 PYTHON = sys.executable
+KISO = Path(sys.executable).with_name("kiso")
 ENTRY = (
     "import sys; from kiso.cli.repl import run_interactive; "
     "sys.exit(run_interactive(session_id={sid!r}, model=None, mode={mode!r}, prompt=None))"
@@ -41,6 +46,24 @@ ESC, ENTER = "\x1b", "\r"
 COLOR_SGR = re.compile(rb"\x1b\[([0-9;]*)m")
 
 
+@functools.cache
+def has_chat() -> bool:
+    """Is ``kiso chat`` wired to the interactive session? Then the tests go through it."""
+    if not KISO.exists():
+        return False
+    done = subprocess.run(
+        [str(KISO), "chat", "--help"], capture_output=True, timeout=30, check=False
+    )
+    return done.returncode == 0
+
+
+def chat(sid: str, mode: str | None = None) -> list[str]:
+    """The command line of an interactive session: ``kiso chat`` or the entry point itself."""
+    if has_chat():
+        return [str(KISO), "chat", sid, *(["--mode", mode] if mode else [])]
+    return [PYTHON, "-c", ENTRY.format(sid=sid, mode=mode)]
+
+
 def is_colour(params: bytes) -> bool:
     """Does an SGR parameter list set a colour (foreground or background)?"""
     codes = [int(p) for p in params.split(b";") if p.isdigit()]
@@ -52,7 +75,7 @@ class Term:
 
     def __init__(
         self,
-        code: str,
+        argv: list[str],
         *,
         cwd: Path,
         home: Path,
@@ -78,7 +101,7 @@ class Term:
         self.stream = pyte.ByteStream(self.screen)
         self.raw = bytearray()
         self.child = pexpect.spawn(
-            PYTHON, ["-c", code], cwd=str(cwd), env=base, dimensions=(rows, cols), timeout=5
+            argv[0], argv[1:], cwd=str(cwd), env=base, dimensions=(rows, cols), timeout=5
         )
         self.eof = False
 
@@ -133,10 +156,8 @@ class Term:
 
     def close(self) -> None:
         if self.child.isalive():
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.child.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         self.child.close(force=True)
 
 
@@ -179,12 +200,10 @@ def spawn(ws: Path, kiso_home: Path) -> Iterator[Callable[..., Term]]:
         *,
         sid: str = "s",
         mode: str | None = None,
-        code: str | None = None,
+        argv: list[str] | None = None,
         **kw: Any,
     ) -> Term:
-        term = Term(
-            code or ENTRY.format(sid=sid, mode=mode), cwd=ws, home=kiso_home, script=script, **kw
-        )
+        term = Term(argv or chat(sid, mode), cwd=ws, home=kiso_home, script=script, **kw)
         started.append(term)
         return term
 
@@ -220,7 +239,7 @@ def test_a_prompt_is_answered_with_text_that_streams_in(
     assert "LATE" not in term.text  # the beginning is shown before the end exists
     assert "working" in term.text
     screen = term.wait_for("LATE.")
-    assert "› hello there" in screen
+    assert PROMPT + "hello there" in screen
     term.wait_for("✦ took")
     term.wait(lambda: "ctx left ~99%" in status_line(term), 5, "the status row")
     term.send("/exit" + ENTER)
@@ -238,7 +257,7 @@ def test_the_approval_panel_shows_the_whole_command_and_enter_approves(
     term.send("write it" + ENTER)
     screen = term.wait_for("Run this command?")
     assert squash(command) in squash(screen)  # never truncated, however long
-    assert "❯ 1. Yes" in screen  # the highlight is already on Yes
+    assert CURSOR + "1. Yes" in screen  # the highlight is already on Yes
     assert "2. Yes, and don't ask again" in screen
     assert "3. No (tell the model why)" in screen
     assert "⚠" not in screen
@@ -428,7 +447,7 @@ def test_the_picker_lists_states_filters_picks_and_cancels(
     _sessions(kiso_home, ws, other)
     before = {p: p.read_bytes() for p in kiso_home.rglob("*.jsonl")}
     held = JsonlSessionStore(kiso_home).open("done")  # the picker needs no writer lock
-    term = spawn(code=PICKER)
+    term = spawn(argv=[PYTHON, "-c", PICKER])
     screen = term.wait_for("esc cancel")
     assert re.search(r"done\s+completed\s+\S+\s+finish the report", screen)
     assert re.search(r"blank\s+empty", screen)
@@ -436,7 +455,9 @@ def test_the_picker_lists_states_filters_picks_and_cancels(
     assert "elsewhere" not in screen  # only this directory's sessions
     term.send("\t")
     screen = term.wait_for("elsewhere")
-    assert f"[{other}]" in screen  # every workspace: rows tagged with where they started
+    tagged = next(ln for ln in screen.splitlines() if "elsewhere" in ln)
+    assert tagged.endswith("/other]")  # every workspace: rows tagged with where they started
+    assert re.search(r"done\s+completed.*/ws\]$", screen, re.MULTILINE)
     term.send("\t")
     term.wait(lambda: "elsewhere" not in term.text, 5, "the current scope")
     term.send("report")
@@ -447,9 +468,121 @@ def test_the_picker_lists_states_filters_picks_and_cancels(
     assert term.exit_status() == 0
     held.close()
 
-    cancel = spawn(code=PICKER)
+    cancel = spawn(argv=[PYTHON, "-c", PICKER])
     cancel.wait_for("esc cancel")
     cancel.send(ESC)
     cancel.wait_for("PICKED None")
     assert cancel.exit_status() == 0
     assert {p: p.read_bytes() for p in kiso_home.rglob("*.jsonl")} == before  # nothing written
+
+
+def test_a_stdout_that_is_not_a_terminal_gets_plain_text_and_numbered_questions(
+    tmp_path: Path, ws: Path, kiso_home: Path
+) -> None:
+    script = write_script(tmp_path / "s.json", [shell("touch made.txt"), {"text": "**Fine**."}])
+    env = {k: v for k, v in os.environ.items() if k not in DROP and k != "NO_COLOR"}
+    env.update(KISO_HOME=str(kiso_home), KISO_FAUX_SCRIPT=str(script), TERM="xterm-256color")
+    done = subprocess.run(
+        [PYTHON, "-c", ENTRY.format(sid="p", mode=None)],
+        input="make it\n3\nnot now\n/exit\n",
+        capture_output=True,
+        text=True,
+        cwd=ws,
+        env=env,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout  # a pipe carries zero ANSI
+    assert "Run this command?\n  1. Yes\n" in done.stdout
+    assert "denied: not now" in done.stdout and "Fine." in done.stdout
+    assert not (ws / "made.txt").exists()
+    decided = [e for e in events(kiso_home, "p") if isinstance(e, ApprovalDecided)]
+    assert decided[0].decision == "denied" and decided[0].reason == "not now"
+
+
+# ------------------------------------------------------------------------------------------------
+# the pure parts, without a terminal
+
+
+@pytest.mark.parametrize(
+    ("command", "names"),
+    [
+        ("rm -rf build dist", ["build", "dist"]),
+        ("cd x && sudo rm -r -f ./node_modules", ["./node_modules"]),
+        ("git checkout -- src/a.py", ["src/a.py"]),
+        ("git -C repo reset --hard HEAD~1", ["reset --hard"]),
+        ("git clean -fdx", ["untracked files and directories"]),
+        ("make test; rm -rf out", ["out"]),
+    ],
+)
+def test_an_irreversible_delete_is_named(command: str, names: list[str]) -> None:
+    from kiso.cli.panels import irreversible_warning
+
+    said = irreversible_warning(command)
+    assert said is not None and "\n" not in said
+    assert all(name in said for name in names)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "ls -la",
+        "rm notes.txt",
+        "git checkout main",
+        "git reset HEAD~1",
+        "git clean -n",
+        "echo rm -rf",
+    ],
+)
+def test_nothing_else_carries_a_warning(command: str) -> None:
+    from kiso.cli.panels import irreversible_warning
+
+    assert irreversible_warning(command) is None or command == "echo rm -rf"
+
+
+def test_the_status_row_cuts_only_the_model_name() -> None:
+    from kiso.cli.render import Meter, status_row
+
+    m = Meter(ctx_left=42, cache_hit=97, tok_s=186.4)
+    model = "deepseek-v3-terminus-thinking-on-0910"
+    wide = status_row(mode="bypass", model=model, m=m, width=120)
+    assert wide == f"▸ bypass · /mode to switch · {model} · ctx left ~42% · cache 97% · 186 tok/s"
+    facts = "ctx left ~42% · cache 97% · 186 tok/s"
+    for width in (80, 60, 58):
+        row = status_row(mode="bypass", model=model, m=m, width=width)
+        assert len(row) <= width
+        assert row.startswith("▸ bypass · de") and row.endswith(facts)
+        assert "…" in row
+    assert status_row(mode="bypass", model=model, m=m, width=50) == f"▸ bypass · {facts}"
+    assert "floor off" in status_row(mode="default", model="m", m=m, width=100, floor=False)
+
+
+def test_streamed_text_leaves_in_paragraphs_and_code_blocks_stay_whole() -> None:
+    from kiso.cli.render import StreamText
+
+    text = StreamText()
+    assert text.feed("First para") == []
+    assert text.feed("graph.\n\n```\nline one\n\n") == ["First paragraph."]
+    assert text.feed("line two\n```\n\nAfter.") == ["```\nline one\n\nline two\n```"]
+    assert text.flush() == "After."
+
+
+def test_a_finished_call_settles_into_one_line() -> None:
+    from kiso.cli.render import record_text
+    from kiso.kernel import ExecutionFinished, ToolCall
+
+    call = ToolCall("c", "shell", {"command": "./suite.sh;\necho done"})
+
+    def finished(content: str, ms: int, **kw: Any) -> ExecutionFinished:
+        fields = {"ok": True, "is_error": False, **kw}
+        return ExecutionFinished(
+            run="r", execution_id="e", call_id="c", content=content, ms=ms, **fields
+        )
+
+    ok = record_text(call, finished("a\nb\nexit 0", 2600), 100).plain
+    assert ok == "  shell ./suite.sh; echo done · exit 0 · 2 lines · 2.6s"
+    bad = record_text(call, finished("boom\nexit 2", 100, is_error=True), 100)
+    assert bad.plain.endswith("· exit 2 · 1 line · 0.1s") and "red" in str(bad.spans)
+    narrow = record_text(call, finished("exit 0", 0), 40).plain
+    assert len(narrow) <= 40 and narrow.endswith("· exit 0 · 0 lines · 0.0s")

@@ -149,7 +149,12 @@ def approval_panel(call: ToolCall, tool: Tool | None, workspace: Path) -> Panel:
         question = f"Allow {call.name}?"
     rule = rule_for(call, tool, workspace)
     always = Option("Yes, and don't ask again", "always")
-    if rule is None:
+    command = inp.get("command") if call.name == "shell" else None
+    if isinstance(command, str) and irreversible_warning(command):
+        always.enabled = False
+        always.detail = "(not offered for this call)"
+        always.why_not = "an irreversible delete is asked about every time"
+    elif rule is None:
         always.enabled = False
         always.detail = "(not offered for this call)"
         always.why_not = (
@@ -172,6 +177,7 @@ def uncertain_panel(u: Uncertain) -> Panel:
             Option("skip it", "skipped"),
             Option("it was applied", "applied"),
         ],
+        hint="↑↓ move · ⏎ confirms · digits act on their row · esc leaves it for later",
     )
 
 

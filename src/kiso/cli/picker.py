@@ -30,7 +30,7 @@ from prompt_toolkit.styles import Style
 from kiso.kernel import SessionInfo, StoreError
 from kiso.kernel.jsonl import JsonlSessionStore
 
-from .render import CURSOR, age, shorten_end
+from .render import CURSOR, age, shorten_end, shorten_middle
 
 __all__ = ["Picker", "WorkspaceCompleter", "pick_session", "pick_session_async"]
 
@@ -104,13 +104,9 @@ class Picker:
         now = time.time() * 1000
         idw = max((len(r.id) for r in rows), default=0)
         for i, row in enumerate(rows[first : first + room], start=first):
-            line = (
-                f"{row.id:<{idw}}  {state_of(row):<17}  {age(now - row.updated):>4}  "
-                f"{row.title or '(no prompt yet)'}"
-            )
-            if self.all:
-                line += f"  [{row.workspace or '?'}]"
-            line = shorten_end(line, width - 3)
+            head = f"{row.id:<{idw}}  {state_of(row):<17}  {age(now - row.updated):>4}  "
+            title = row.title or "(no prompt yet)"
+            line = _row(head, title, row.workspace if self.all else None, width - 3)
             if i == self.selected:
                 out.append(("class:selected", CURSOR + line))
             else:
@@ -123,6 +119,19 @@ class Picker:
             )
         )
         return out
+
+
+def _row(head: str, title: str, workspace: str | None, width: int) -> str:
+    """``head title [workspace]`` in ``width``: the title gives way first, then the middle of
+    the workspace's path."""
+    if workspace is None:
+        return shorten_end(head + title, width)
+    tag = f"  [{workspace or '?'}]"
+    room = width - len(head) - len(tag)
+    if room >= 12 or room >= len(title):
+        return head + shorten_end(title, room) + tag
+    title = shorten_end(title, 12)
+    return head + title + f"  [{shorten_middle(workspace, width - len(head) - len(title) - 4)}]"
 
 
 def state_of(row: SessionInfo) -> str:

@@ -24,6 +24,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.default_styles import DEFAULT_STYLES
 from rich.markdown import CodeBlock, Markdown, MarkdownElement
 from rich.padding import Padding
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from rich.theme import Theme
@@ -50,9 +51,11 @@ __all__ = [
     "markdown",
     "meter",
     "modes_view",
+    "prompt_echo",
     "record_text",
     "report",
     "running_card",
+    "shorten_end",
     "shorten_middle",
     "status_row",
     "target_of",
@@ -119,9 +122,30 @@ def report(task: asyncio.Future[None]) -> None:
         print(f"kiso: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
+class _Block:
+    """A renderable after exactly one blank line, its own leading blank lines dropped."""
+
+    def __init__(self, inner: RenderableType) -> None:
+        self.inner = inner
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        lines = console.render_lines(self.inner, options, pad=False)
+        while lines and not "".join(seg.text for seg in lines[0]).strip():
+            lines.pop(0)
+        yield Segment.line()
+        for line in lines:
+            yield from line
+            yield Segment.line()
+
+
 def markdown(text: str) -> RenderableType:
     """A finished block of answer text, after a blank line."""
-    return Group(Text(""), _Markdown(text, hyperlinks=False))
+    return _Block(_Markdown(text, hyperlinks=False))
+
+
+def prompt_echo(text: str) -> Text:
+    """What the person sent, as the transcript keeps it."""
+    return Text(PROMPT + text.replace("\n", "\n  "), style="bold")
 
 
 def error_text(message: str) -> Text:
@@ -130,6 +154,10 @@ def error_text(message: str) -> Text:
 
 def warning_text(message: str) -> Text:
     return Text(message, style=WARNING)
+
+
+_TRAILING = re.compile(r"[ ]+((?:\x1b\[[0-9;]*m)*)\n")
+"""Spaces rich pads a line with, before its newline (and any closing style codes)."""
 
 
 class Printer:
@@ -155,7 +183,7 @@ class Printer:
             force_interactive=False,
         )
         console.print(renderable)
-        return buf.getvalue()
+        return _TRAILING.sub(r"\1\n", buf.getvalue())
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,8 +297,8 @@ def outcome_of(call: ToolCall, finished: ExecutionFinished) -> tuple[str, bool, 
 def _fit(prefix: str, target: str, tail: Sequence[str], width: int) -> str:
     """``prefix target · tail...`` in ``width`` columns: only the target is shortened."""
     facts = "".join(f" · {t}" for t in tail)
-    room = width - len(prefix) - len(facts) - 1
-    return f"{prefix}{shorten_end(target, max(room, 8))}{facts}"
+    room = width - len(prefix) - len(facts)
+    return f"{prefix}{shorten_end(target, max(room, 3))}{facts}"
 
 
 def record_text(call: ToolCall, finished: ExecutionFinished, width: int) -> Text:
@@ -367,8 +395,10 @@ def status_row(
         row = " · ".join([head, *hint, model, *facts])
         if len(row) <= width:
             return row
-    fixed = len(" · ".join([head, "", *facts]))
-    return " · ".join([head, shorten_middle(model, max(width - fixed, 1)), *facts])
+    room = width - len(" · ".join([head, "", *facts]))
+    if room < 4:  # no room for even a shortened name: the facts stay, the name goes
+        return " · ".join([head, *facts])
+    return " · ".join([head, shorten_middle(model, room), *facts])
 
 
 # --------------------------------------------------------------------------------------------

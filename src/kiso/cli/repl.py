@@ -6,8 +6,9 @@ input, and the status row. Everything finished is printed above it, into the ter
 scrollback, rendered by rich. The session is recovery-first: an open run is carried to its end
 before anything new starts.
 
-:class:`Repl` turns run events into what is shown and asked; :class:`kiso.cli.tui.Tui`-like
-screens (:class:`Tui` here, :class:`Plain` for a stdout that is not a terminal) show it.
+:class:`Repl` turns run events into what is shown and asked, and runs the slash commands; a
+:class:`Screen` shows it: :class:`kiso.cli.panels.Tui` on a terminal, :class:`Plain` (plain lines,
+numbered questions, no escape code) when stdout is not one.
 """
 
 from __future__ import annotations
@@ -54,10 +55,13 @@ from .render import (
     markdown,
     meter,
     modes_view,
+    prompt_echo,
     record_text,
     report,
     running_card,
+    shorten_end,
     status_row,
+    target_of,
     warning_text,
     write,
 )
@@ -236,8 +240,9 @@ class Repl:
         outcome = self.last_outcome
         return 1 if outcome is not None and outcome.kind == "error" else 0
 
-    async def run_prompt(self, text: str) -> None:
-        await self.screen.show(Text(PROMPT + text, style="bold"))
+    async def run_prompt(self, text: str, *, echo: bool = True) -> None:
+        if echo:
+            await self.screen.show(prompt_echo(text))
         if self.session.fold.open_run is not None:
             await self.drive(self.session.resume())
             if self.session.fold.open_run is not None:
@@ -317,11 +322,13 @@ class Repl:
                     return
         elif isinstance(ev, stream.Ruling):
             r = ev.event
-            await show(Text(f"  {r.execution_id}: {r.resolution} ({r.decided_by})"))
+            said = f"{r.resolution} ({r.decided_by})"
+            await show(Text(f"  ↻ {r.execution_id} was interrupted: {said}"))
         elif isinstance(ev, stream.Paused):
             await show(
                 warning_text(
-                    f"the run is paused ({ev.reason}); `kiso resume {self.session.id}` asks again"
+                    f"the run is paused ({ev.reason}): the next prompt, or "
+                    f"`kiso resume {self.session.id}`, asks again"
                 )
             )
         elif isinstance(ev, stream.Terminal):
@@ -334,8 +341,9 @@ class Repl:
         if d.decided_by == "user" or d.decision != "denied":
             return
         calls = {cs.call.call_id: cs.call for cs in self.session.fold.turn or ()}
-        name = calls[d.call_id].name if d.call_id in calls else d.call_id
-        await self.screen.show(Text(f"  ✗ {name} denied by {d.decided_by}: {d.reason or ''}"))
+        call = calls.get(d.call_id)
+        what = f"{call.name} {shorten_end(target_of(call), 60)}" if call else d.call_id
+        await self.screen.show(Text(f"  ✗ {what} denied by {d.decided_by}: {d.reason or ''}"))
 
     async def _approve(self, call: ToolCall, panel: Panel) -> None:
         choice = await self.screen.ask(panel)
@@ -366,10 +374,7 @@ class Repl:
         await self.screen.show(call_view(call, self.setup.workspace, heading=heading))
         choice = await self.screen.ask(uncertain_panel(u))
         if choice is None:
-            await self.screen.show(
-                Text(f"  left undecided: `kiso resume {self.session.id}` asks again")
-            )
-            return False
+            return False  # the run pauses, the question stays on disk
         self.session.resolve(u.execution_id, choice.action)  # type: ignore[arg-type]
         await self.screen.show(Text(f"  ✓ {choice.label}"))
         return True
@@ -380,10 +385,11 @@ class Repl:
         took = duration((time.monotonic() - (self.running_since or time.monotonic())) * 1000)
         if outcome.kind == "error":
             await self.screen.show(error_text(f"✗ {outcome.message} ({outcome.code})"))
-        elif outcome.kind == "aborted":
+            return
+        if outcome.kind == "aborted":
             await self.screen.show(Text(f"✦ aborted by {outcome.by} · took {took}"))
             return
-        elif outcome.kind != "completed":
+        if outcome.kind != "completed":
             await self.screen.show(warning_text(f"the run ended: {outcome.kind}"))
         m = self.meter
         facts = [f"took {took}"]
@@ -410,11 +416,12 @@ class Repl:
 
     # ------------------------------------------------------------------ commands
 
-    async def command(self, line: str) -> None:
+    async def command(self, line: str, *, echo: bool = True) -> None:
         name, _, arg = line.partition(" ")
         arg = arg.strip()
         show = self.screen.show
-        await show(Text(PROMPT + line, style="bold"))
+        if echo:
+            await show(prompt_echo(line))
         if name in ("/exit", "/quit"):
             self.quit(0)
         elif name == "/help":
@@ -484,8 +491,8 @@ class Repl:
         if m.turn is not None:
             u = m.turn.usage
             lines.append(
-                f"last turn  in {u.input} out {u.output} cache read {u.cache_read} "
-                f"write {u.cache_write} · {m.turn.ms} ms"
+                f"last turn  in {_n(u.input)} out {_n(u.output)} cache read {_n(u.cache_read)} "
+                f"write {_n(u.cache_write)} · {m.turn.ms} ms"
             )
         return Text("\n".join(lines))
 
@@ -515,6 +522,10 @@ class Repl:
         self.update_meter()
         await self.screen.show(self.banner())
         self.queue.put_nowait(RESUME)
+
+
+def _n(count: int | None) -> str:
+    return "?" if count is None else str(count)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -574,8 +585,7 @@ class Plain:
             if text is None:
                 return repl.quit_code()
             if text.strip().startswith("/"):
-                await repl.command(text.strip())
+                await repl.command(text.strip(), echo=False)  # the line is on screen already
             elif text.strip():
-                repl.queue.put_nowait(text)
-                await repl.worker(wait=False)
+                await repl.run_prompt(text, echo=False)
         return repl.exiting
