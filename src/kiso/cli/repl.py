@@ -385,6 +385,9 @@ class Repl:
         took = duration((time.monotonic() - (self.running_since or time.monotonic())) * 1000)
         if outcome.kind == "error":
             await self.screen.show(error_text(f"✗ {outcome.message} ({outcome.code})"))
+            if outcome.code == "script_exhausted" and self.setup.resolved.profile is None:
+                # The keyless demo is over: exit non-zero with the set-a-key message (by design).
+                self.quit(1)
             return
         if outcome.kind == "aborted":
             await self.screen.show(Text(f"✦ aborted by {outcome.by} · took {took}"))
@@ -429,7 +432,10 @@ class Repl:
         elif name == "/mode":
             await self._mode(arg)
         elif name == "/model":
-            await show(self._models())
+            if arg:
+                await self._switch_model(arg)
+            else:
+                await show(self._models())
         elif name == "/status":
             await show(self._status())
         elif name == "/last":
@@ -452,7 +458,35 @@ class Repl:
         except KisoError as exc:
             await self.screen.show(error_text(str(exc)))
             return
+        self._setting("mode", arg)
         await self.screen.show(Text(f"mode: {arg} · {MODE_HELP[arg]}"))
+        self.screen.refresh()
+
+    def _setting(self, key: str, value: str) -> None:
+        """Record a mid-session change as a durable fact (``setting_changed``)."""
+        from kiso.kernel import SettingChanged
+
+        self.session.append(SettingChanged(key=key, value=value, run=self.session.fold.open_run))
+
+    async def _switch_model(self, name: str) -> None:
+        """Switch the session's model for the turns that follow."""
+        from kiso.runtime.models import build_adapter, resolve_model
+
+        try:
+            resolved = resolve_model(
+                dataclasses.replace(self.setup.config, model=name), home=kiso_home()
+            )
+            adapter = build_adapter(resolved)
+        except KisoError as exc:
+            await self.screen.show(error_text(str(exc)))
+            return
+        agent = self.setup.agent
+        agent.adapter = adapter
+        agent.profile = resolved.profile.name if resolved.profile else None
+        agent.strip_env = resolved.strip_env
+        self.setup = dataclasses.replace(self.setup, resolved=resolved)
+        self._setting("model", name)
+        await self.screen.show(Text(f"model: {resolved.describe()} (for the turns that follow)"))
         self.screen.refresh()
 
     def _models(self) -> RenderableType:
@@ -471,10 +505,7 @@ class Repl:
             lines.append(f"{mark} {name:<14} {profile.kind} {profile.model} · {state}")
         if not config.models:
             lines.append("no profiles in ~/.kiso/config.json (docs/providers.md shows the shape)")
-        lines.append(
-            "switching the model inside a session is not available yet: quit and restart with "
-            f"--model NAME (kiso resume {self.session.id} --model NAME continues this session)"
-        )
+        lines.append("/model NAME switches this session's model for the turns that follow")
         return Text("\n".join(lines))
 
     def _status(self) -> RenderableType:
