@@ -207,6 +207,56 @@ def test_bad_arguments_are_refused(workspace: Path) -> None:
         run("true", workspace / "missing")
 
 
+# --- live output -------------------------------------------------------------------------------
+
+SLOW_LINES = "for i in 1 2 3; do echo line$i; sleep 0.2; done"
+
+
+def test_output_reaches_on_output_while_the_command_runs(workspace: Path) -> None:
+    seen: list[tuple[float, str]] = []
+    result = run(
+        SLOW_LINES, workspace, on_output=lambda text: seen.append((time.monotonic(), text))
+    )
+    ended = time.monotonic()
+    assert result.exit_code == 0
+    assert "".join(text for _, text in seen) == result.output == "line1\nline2\nline3\n"
+    assert len(seen) >= 2, seen
+    first_at, first = seen[0]
+    assert first.startswith("line1")
+    assert ended - first_at > 0.3, "the first line arrived only when the command ended"
+
+
+def test_a_character_split_across_reads_arrives_whole(workspace: Path) -> None:
+    chunks: list[str] = []
+    # The euro sign is e2 82 ac; the pause makes its bytes arrive in two reads.
+    result = run(
+        r"printf 'a\342\202'; sleep 0.3; printf '\254b\n'", workspace, on_output=chunks.append
+    )
+    assert result.output == "a€b\n"
+    assert "".join(chunks) == "a€b\n"
+    assert chunks[0] == "a", chunks  # the half character was held back, not replaced
+    assert all("\ufffd" not in chunk for chunk in chunks)
+
+
+def test_a_character_cut_off_at_the_end_is_replaced(workspace: Path) -> None:
+    chunks: list[str] = []
+    run(r"printf 'a\342\202'", workspace, on_output=chunks.append)
+    assert "".join(chunks) == "a\ufffd"
+
+
+def test_a_failing_on_output_does_not_break_the_command(workspace: Path) -> None:
+    calls: list[str] = []
+
+    def boom(text: str) -> None:
+        calls.append(text)
+        raise RuntimeError("the display fell over")
+
+    result = run(SLOW_LINES, workspace, on_output=boom)
+    assert result.exit_code == 0
+    assert result.output == "line1\nline2\nline3\n"
+    assert "".join(calls) == result.output  # called again after each failure
+
+
 # --- the shell tool ----------------------------------------------------------------------------
 
 
@@ -222,6 +272,14 @@ def test_the_tool_reports_output_and_a_final_exit_line(ctx: ToolContext) -> None
 def test_the_tool_runs_in_the_workspace(ctx: ToolContext) -> None:
     call(ctx, command="echo made > here.txt")
     assert (ctx.workspace / "here.txt").read_text() == "made\n"
+
+
+def test_the_tool_reports_output_live_through_the_context(ctx: ToolContext) -> None:
+    chunks: list[str] = []
+    ctx.on_output = chunks.append
+    result = call(ctx, command="echo one; sleep 0.1; echo two")
+    assert "".join(chunks) == "one\ntwo\n"
+    assert result.content == "one\ntwo\nexit 0"
 
 
 def test_the_tool_reports_a_timeout(ctx: ToolContext) -> None:

@@ -162,6 +162,8 @@ def _event_json(ev: stream.RunEvent) -> dict[str, Any]:
         out["text"] = ev.text
     elif isinstance(ev, stream.ModelTurn | stream.Decision | stream.Ruling):
         out["event"] = ev.event.to_json()
+    elif isinstance(ev, stream.ToolOutput):
+        out.update(call=ev.call.to_json(), execution_id=ev.execution_id, text=ev.text)
     elif isinstance(ev, stream.ToolStart | stream.ToolEnd):
         out["call"] = ev.call.to_json()
         out["event"] = ev.event.to_json()

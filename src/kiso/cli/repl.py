@@ -73,6 +73,8 @@ __all__ = ["Repl", "Screen", "run_interactive"]
 
 RESUME = object()
 """Queued instead of a prompt: carry the (new) session's open run forward."""
+TAIL = 3
+"""How many of a running call's latest output lines its card shows."""
 
 
 class Screen(Protocol):
@@ -124,6 +126,7 @@ class Repl:
         self.printer = Printer(policy)
         self.text = StreamText()
         self.cards: dict[str, tuple[ToolCall, float]] = {}
+        self.tails: dict[str, str] = {}  # call id -> the latest output of a running call
         self.running_since: float | None = None
         self.thinking = False
         self.last_tool: tuple[ToolCall, ExecutionFinished] | None = None
@@ -171,8 +174,15 @@ class Repl:
         return " · ".join(parts)[:width]
 
     def live_cards(self, width: int) -> list[str]:
+        """The running calls, each with the last lines of the output it has reported so far."""
         now = time.monotonic()
-        return [running_card(c, (now - t) * 1000, width) for c, t in self.cards.values()]
+        lines: list[str] = []
+        for call_id, (call, began) in self.cards.items():
+            lines.append(running_card(call, (now - began) * 1000, width))
+            tail = [ln for ln in self.tails.get(call_id, "").splitlines() if ln.strip()][-TAIL:]
+            for i, text in enumerate(tail):
+                lines.append(shorten_end(("  └ " if i == 0 else "    ") + text, width))
+        return lines
 
     def banner(self) -> Text:
         s = self.session
@@ -311,8 +321,13 @@ class Repl:
             await self._approve(ev.call, approval_panel(ev.call, tool, ws))
         elif isinstance(ev, stream.ToolStart):
             self.cards[ev.call.call_id] = (ev.call, time.monotonic())
+        elif isinstance(ev, stream.ToolOutput):
+            # a live tail: display only (the receipt in the log keeps the whole output)
+            tail = self.tails.get(ev.call.call_id, "") + ev.text
+            self.tails[ev.call.call_id] = tail[-4000:]
         elif isinstance(ev, stream.ToolEnd):
             self.cards.pop(ev.call.call_id, None)
+            self.tails.pop(ev.call.call_id, None)
             self.last_tool = (ev.call, ev.event)
             await show(record_text(ev.call, ev.event, self.screen.width()))
         elif isinstance(ev, stream.UncertainPending):
@@ -385,7 +400,8 @@ class Repl:
         took = duration((time.monotonic() - (self.running_since or time.monotonic())) * 1000)
         if outcome.kind == "error":
             await self.screen.show(error_text(f"✗ {outcome.message} ({outcome.code})"))
-            if outcome.code == "script_exhausted" and self.setup.resolved.profile is None:
+            keyless = self.setup.resolved.profile is None and not self.setup.resolved.faux_script
+            if outcome.code == "script_exhausted" and keyless:
                 # The keyless demo is over: exit non-zero with the set-a-key message (by design).
                 self.quit(1)
             return

@@ -16,6 +16,7 @@ from kiso.runtime.stream import (
     TextDelta,
     ThinkingDelta,
     ToolEnd,
+    ToolOutput,
     ToolStart,
     UncertainPending,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "TextDelta",
     "ThinkingDelta",
     "ToolEnd",
+    "ToolOutput",
     "ToolStart",
     "UncertainPending",
     "Verdict",

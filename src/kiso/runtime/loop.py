@@ -12,9 +12,10 @@ provider's stream ended cleanly with exactly one stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kiso.kernel import (
@@ -41,7 +42,7 @@ from kiso.kernel.recovery import plan_replay
 from kiso.providers.base import ModelRequest, ProviderError, TextDelta, ThinkingDelta, TurnDone
 from kiso.runtime import stream as ev
 from kiso.runtime.approvals import CallContext, compose
-from kiso.tools.base import ToolContext, ToolResult
+from kiso.tools.base import Tool, ToolContext, ToolResult
 
 if TYPE_CHECKING:
     from kiso.runtime.session import Session
@@ -239,7 +240,11 @@ async def _execute(
 
 
 async def _execute_call(session: Session, run: str, call: ToolCall) -> AsyncIterator[ev.RunEvent]:
-    """``execution_started`` (durable), then the handler, then the receipt (durable)."""
+    """``execution_started`` (durable), then the handler, then the receipt (durable).
+
+    While the handler runs, what it reports through ``ctx.on_output`` is yielded as
+    ``tool_output`` events (live only, never logged), all of them before ``tool_end``.
+    """
     agent = session.agent
     (started,) = session.append(
         ExecutionStarted(
@@ -261,20 +266,31 @@ async def _execute_call(session: Session, run: str, call: ToolCall) -> AsyncIter
             error_kind="fatal",
         )
     else:
+        chunks: asyncio.Queue[str | None] = asyncio.Queue()  # None: the handler is done
         ctx = ToolContext(
             workspace=agent.workspace,
             execution_id=started.execution_id,
             env=session.child_env,
             cancelled=lambda: bool(session.abort_requested),
+            on_output=_forward_to(chunks),
         )
+        task = asyncio.create_task(_run_tool(tool, call, ctx))
+        task.add_done_callback(lambda _: chunks.put_nowait(None))
         try:
-            result = await tool.run(dict(call.input), ctx)
-        except Exception as exc:
-            result = ToolResult(
-                f"the tool {call.name} failed: {type(exc).__name__}: {exc}",
-                is_error=True,
-                error_kind="fatal",
-            )
+            done = False
+            while not done:
+                parts = [await chunks.get()]
+                while not chunks.empty():  # one event for everything that arrived meanwhile
+                    parts.append(chunks.get_nowait())
+                done = None in parts
+                text = "".join(part for part in parts if part)
+                if text:
+                    yield ev.ToolOutput(call, started.execution_id, text)
+        finally:
+            if not task.done():  # the consumer went away or the batch was cancelled
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        result = task.result()
     kind = result.error_kind if result.error_kind in ERROR_KINDS else None
     if result.error_kind is not None and kind is None:
         kind = "fatal"  # a tool's own word for its failure; the log keeps to the closed set
@@ -293,6 +309,29 @@ async def _execute_call(session: Session, run: str, call: ToolCall) -> AsyncIter
     )
     assert isinstance(finished, ExecutionFinished)
     yield ev.ToolEnd(call, finished)
+
+
+async def _run_tool(tool: Tool, call: ToolCall, ctx: ToolContext) -> ToolResult:
+    try:
+        return await tool.run(dict(call.input), ctx)
+    except Exception as exc:
+        return ToolResult(
+            f"the tool {call.name} failed: {type(exc).__name__}: {exc}",
+            is_error=True,
+            error_kind="fatal",
+        )
+
+
+def _forward_to(chunks: asyncio.Queue[str | None]) -> Callable[[str], None]:
+    """An ``on_output`` callable from any thread: each chunk is queued on the running loop."""
+    loop = asyncio.get_running_loop()
+
+    def on_output(text: str) -> None:
+        if isinstance(text, str) and text:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is watching
+                loop.call_soon_threadsafe(chunks.put_nowait, text)
+
+    return on_output
 
 
 # --------------------------------------------------------------------------- the model

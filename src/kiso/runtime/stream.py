@@ -1,8 +1,9 @@
 """What ``Session.run`` and ``Session.resume`` yield, in order, as a run proceeds.
 
-Live events (``text_delta``, ``thinking_delta``, ``retry``) are shown and forgotten. Every other
-event reports a record that is already durable in the session log when it is yielded. Each event
-has a ``type`` string, so consumers can ``match`` on classes or switch on ``ev.type``.
+Live events (``text_delta``, ``thinking_delta``, ``retry``, ``tool_output``) are shown and
+forgotten. Every other event reports a record that is already durable in the session log when it
+is yielded. Each event has a ``type`` string, so consumers can ``match`` on classes or switch on
+``ev.type``.
 
 Two events ask the consumer something: ``approval_request`` and ``uncertain``. Answer them with
 ``session.approve``/``session.deny`` or ``session.resolve`` before asking for the next event and
@@ -39,6 +40,7 @@ __all__ = [
     "TextDelta",
     "ThinkingDelta",
     "ToolEnd",
+    "ToolOutput",
     "ToolStart",
     "UncertainPending",
 ]
@@ -109,6 +111,17 @@ class ToolStart:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """Output the running tool reported (``ToolContext.on_output``), between its ``tool_start``
+    and its ``tool_end``. Live, not persisted: the log keeps only the receipt."""
+
+    call: ToolCall
+    execution_id: str
+    text: str
+    type: ClassVar[str] = "tool_output"
+
+
+@dataclass(frozen=True, slots=True)
 class ToolEnd:
     """The receipt is on disk."""
 
@@ -157,6 +170,7 @@ RunEvent: TypeAlias = (
     | ApprovalRequest
     | Decision
     | ToolStart
+    | ToolOutput
     | ToolEnd
     | UncertainPending
     | Ruling

@@ -64,6 +64,9 @@ class ToolContext:
     """The environment for child processes, with credentials already stripped."""
     cancelled: Callable[[], bool] = lambda: False
     """True once the run is being aborted; long-running tools should stop and say so."""
+    on_output: Callable[[str], None] = lambda text: None
+    """Called with chunks of output as the tool produces them (display only; may be called from
+    another thread). What the model reads is still the returned result."""
 
 
 Execute: TypeAlias = Callable[

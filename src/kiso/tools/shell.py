@@ -8,6 +8,9 @@ Guarantees of :func:`run_command`:
 * stdout and stderr are merged and read by a thread while the command runs, so a chatty child never
   blocks on a full pipe; only the head and the tail of the output are kept (half the limit each),
   the middle is replaced by one ``[... N bytes omitted ...]`` line and the true total is reported;
+* ``on_output``, when given, is called from the reader thread with each chunk as it is read,
+  decoded incrementally (a character split across reads arrives whole); it is for display only,
+  and an exception it raises is swallowed;
 * on timeout or cancellation (``cancelled`` is polled every 50 ms) the whole process group is
   killed: SIGTERM, up to 1 s for it to go, then SIGKILL. Processes the command leaves running in
   the background when it exits are killed the same way. Either way, when the call returns no
@@ -80,6 +83,7 @@ def run_command(
     timeout_ms: int,
     cancelled: Callable[[], bool] = lambda: False,
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    on_output: Callable[[str], None] | None = None,
 ) -> CommandResult:
     """Run ``command`` in a shell and return what it did; see the module docstring.
 
@@ -110,7 +114,9 @@ def run_command(
     assert proc.stdout is not None
     stop = threading.Event()
     reader = threading.Thread(
-        target=_pump, args=(proc.stdout.fileno(), capture, stop), name="kiso-shell-reader"
+        target=_pump,
+        args=(proc.stdout.fileno(), capture, stop, on_output),
+        name="kiso-shell-reader",
     )
     timed_out = was_cancelled = strays = False
     try:
@@ -202,20 +208,46 @@ class _Capture:
         return f"{head_text}{newline}[... {omitted:,} bytes omitted ...]\n{tail_text}", True
 
 
-def _pump(fd: int, capture: _Capture, stop: threading.Event) -> None:
-    """Read ``fd`` into ``capture`` until EOF or until ``stop`` is set."""
+class _Live:
+    """Hands output to an ``on_output`` callback as text, never splitting a UTF-8 character."""
+
+    def __init__(self, on_output: Callable[[str], None] | None) -> None:
+        self.on_output = on_output
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, data: bytes, *, final: bool = False) -> None:
+        if self.on_output is None:
+            return
+        text = self.decoder.decode(data, final=final)
+        if text:
+            with contextlib.suppress(Exception):  # display only: it must not break the command
+                self.on_output(text)
+
+
+def _pump(
+    fd: int,
+    capture: _Capture,
+    stop: threading.Event,
+    on_output: Callable[[str], None] | None = None,
+) -> None:
+    """Read ``fd`` into ``capture`` (and ``on_output``) until EOF or until ``stop`` is set."""
+    live = _Live(on_output)
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    while not stop.is_set():
-        if not poller.poll(_POLL_S * 1000):
-            continue
-        try:
-            data = os.read(fd, _READ_CHUNK)
-        except OSError:
-            return
-        if not data:
-            return
-        capture.feed(data)
+    try:
+        while not stop.is_set():
+            if not poller.poll(_POLL_S * 1000):
+                continue
+            try:
+                data = os.read(fd, _READ_CHUNK)
+            except OSError:
+                return
+            if not data:
+                return
+            capture.feed(data)
+            live.feed(data)
+    finally:
+        live.feed(b"", final=True)  # a character cut off at the end comes out as U+FFFD
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -407,7 +439,12 @@ def _execute_shell(input: dict[str, Any], ctx: ToolContext) -> ToolResult:
     env = ctx.env if ctx.env else child_env(os.environ)
     try:
         result = run_command(
-            command, cwd=ctx.workspace, env=env, timeout_ms=timeout_ms, cancelled=ctx.cancelled
+            command,
+            cwd=ctx.workspace,
+            env=env,
+            timeout_ms=timeout_ms,
+            cancelled=ctx.cancelled,
+            on_output=ctx.on_output,
         )
     except OSError as exc:
         return ToolResult(
