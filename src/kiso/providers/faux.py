@@ -262,16 +262,20 @@ KEYLESS_SCRIPT: tuple[FauxTurn, ...] = parse_script(
                 "tool_calls": [{"name": "search_text", "input": {"pattern": "TODO"}}],
             },
             {
-                "text": "Edits and shell commands would ask you first (mode: default), and every "
-                "step is on disk before it happens, so `kiso resume` continues after a crash.",
+                "text": "A shell command asks you first in the default mode (and is denied when "
+                "nobody can answer). Every step is on disk before it happens, so `kiso resume` "
+                "continues after a crash.",
+                "tool_calls": [{"name": "shell", "input": {"command": "git status --short"}}],
             },
             {
-                "text": "That is the end of the script. To talk to a real model, run `kiso login "
-                "<provider>` (or export OPENAI_API_KEY or ANTHROPIC_API_KEY) and select a profile "
-                "in ~/.kiso/config.json.",
+                "text": "That is the whole script. The next request has no scripted answer, so "
+                "kiso stops here: run `kiso login <provider>` (or export OPENAI_API_KEY or "
+                "ANTHROPIC_API_KEY) and select a profile in ~/.kiso/config.json.",
+                "tool_calls": [{"name": "list_dir", "input": {"path": ".", "depth": 1}}],
             },
         ]
     },
     "kiso's keyless script",
 )
-"""What kiso runs with no key and no script: four rounds, then the script is exhausted."""
+"""What kiso runs with no key and no script: four rounds in one run; the fifth request finds the
+script exhausted, so the run ends with an error saying how to set a key (a non-zero exit)."""
