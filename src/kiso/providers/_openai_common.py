@@ -156,18 +156,21 @@ def dumps_arguments(value: Mapping[str, Any]) -> str:
 class OpenAIBase:
     """What both adapters are built from: their settings, and a fresh ``AsyncOpenAI`` per stream."""
 
+    DEFAULT_PROVIDER = "openai"
+    """The ``provider`` recorded when none is given (each adapter names its API)."""
+
     def __init__(
         self,
         *,
         model: str,
         api_key: str | None,
-        base_url: str | None,
-        provider: str,
-        max_output_tokens: int | None,
-        reasoning_effort: str | None,
-        http_client: httpx2.AsyncClient | None,
-        timeout: float,
-        default_headers: dict[str, str] | None,
+        base_url: str | None = None,
+        provider: str | None = None,
+        max_output_tokens: int | None = None,
+        reasoning_effort: str | None = None,
+        http_client: httpx2.AsyncClient | None = None,
+        timeout: float = 600.0,
+        default_headers: dict[str, str] | None = None,
     ) -> None:
         import openai  # lazily: importing kiso.providers never imports an SDK
 
@@ -176,7 +179,7 @@ class OpenAIBase:
         if max_output_tokens is not None and max_output_tokens <= 0:
             raise ValueError(f"max_output_tokens must be positive, not {max_output_tokens}")
         self._openai: Any = openai
-        self.provider = provider
+        self.provider = provider or self.DEFAULT_PROVIDER
         self.model = model
         self.base_url = base_url
         self.max_output_tokens = max_output_tokens

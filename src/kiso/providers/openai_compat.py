@@ -94,7 +94,7 @@ from kiso.providers.base import (
 )
 
 if TYPE_CHECKING:
-    import httpx2
+    pass
 
 __all__ = ["OpenAICompatAdapter", "chat_messages", "chat_usage"]
 
@@ -110,30 +110,7 @@ _STOPS = {
 class OpenAICompatAdapter(OpenAIBase):
     """An adapter for any Chat Completions endpoint, through the official ``openai`` SDK."""
 
-    def __init__(
-        self,
-        *,
-        model: str,
-        api_key: str | None,
-        base_url: str | None = None,
-        provider: str = "openai-compat",
-        max_output_tokens: int | None = None,
-        reasoning_effort: str | None = None,
-        http_client: httpx2.AsyncClient | None = None,
-        timeout: float = 600.0,
-        default_headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(
-            model=model,
-            api_key=api_key,
-            base_url=base_url,
-            provider=provider,
-            max_output_tokens=max_output_tokens,
-            reasoning_effort=reasoning_effort,
-            http_client=http_client,
-            timeout=timeout,
-            default_headers=default_headers,
-        )
+    DEFAULT_PROVIDER = "openai-compat"
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments for ``chat.completions.create`` (the request body)."""

@@ -87,7 +87,7 @@ from kiso.providers.base import (
 )
 
 if TYPE_CHECKING:
-    import httpx2
+    pass
 
 __all__ = ["OpenAIResponsesAdapter", "response_input", "response_usage"]
 
@@ -99,30 +99,7 @@ _THINKING_EVENTS = frozenset(
 class OpenAIResponsesAdapter(OpenAIBase):
     """An adapter for the OpenAI Responses API, through the official ``openai`` SDK."""
 
-    def __init__(
-        self,
-        *,
-        model: str,
-        api_key: str | None,
-        base_url: str | None = None,
-        provider: str = "openai-responses",
-        max_output_tokens: int | None = None,
-        reasoning_effort: str | None = None,
-        http_client: httpx2.AsyncClient | None = None,
-        timeout: float = 600.0,
-        default_headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(
-            model=model,
-            api_key=api_key,
-            base_url=base_url,
-            provider=provider,
-            max_output_tokens=max_output_tokens,
-            reasoning_effort=reasoning_effort,
-            http_client=http_client,
-            timeout=timeout,
-            default_headers=default_headers,
-        )
+    DEFAULT_PROVIDER = "openai-responses"
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments for ``responses.create`` (the request body)."""
