@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import platform
 
-from bench import append, load, runtime, size, startup
+from bench import append, kml, load, runtime, size, startup
 
 
 def main() -> None:
@@ -19,12 +19,14 @@ def main() -> None:
         size.run(200, 50)
         runtime.run([50])
         startup.run(3)
+        kml.run(100_000, 1)
     else:
         append.run(10_000, 3)
         load.run(100_000, 5)
         size.run(1_000)
         runtime.run([200, 1_000, 2_000])
         startup.run(15)
+        kml.run()
 
 
 if __name__ == "__main__":
