@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from kiso.kernel import (
@@ -92,9 +92,6 @@ from kiso.providers.base import (
     ToolSpec,
     TurnDone,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["OpenAICompatAdapter", "chat_messages", "chat_usage"]
 

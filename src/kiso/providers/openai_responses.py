@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kiso.kernel import (
     AssistantMessage,
@@ -85,9 +85,6 @@ from kiso.providers.base import (
     ToolSpec,
     TurnDone,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["OpenAIResponsesAdapter", "response_input", "response_usage"]
 
