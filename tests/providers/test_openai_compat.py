@@ -39,6 +39,8 @@ from kiso.providers.openai_compat import OpenAICompatAdapter, chat_messages
 from kiso.runtime import Agent
 from kiso.tools.base import ToolContext, define_tool
 
+from . import harness
+from .harness import done_of, drain
 from .sse import Event, Recorded, Reply, SSEServer, Stream
 
 MODEL = "gpt-test-2026-01-01"
@@ -117,25 +119,11 @@ def adapter(server: SSEServer, **kw: Any) -> OpenAICompatAdapter:
 def collect(
     script: Sequence[Stream | Reply], request: ModelRequest = HELLO, **kw: Any
 ) -> tuple[list[StreamEvent], list[Recorded]]:
-    with SSEServer(script) as server:
-        events = asyncio.run(_drain(adapter(server, **kw), request))
-    return events, server.requests
+    return harness.collect(adapter, script, request, **kw)
 
 
 def failure(script: Sequence[Stream | Reply], request: ModelRequest = HELLO) -> ProviderError:
-    with pytest.raises(ProviderError) as caught:
-        collect(script, request)
-    return caught.value
-
-
-async def _drain(a: OpenAICompatAdapter, request: ModelRequest) -> list[StreamEvent]:
-    return [event async for event in a.stream(request)]
-
-
-def done_of(events: list[StreamEvent]) -> TurnDone:
-    assert isinstance(events[-1], TurnDone)
-    assert sum(isinstance(e, TurnDone) for e in events) == 1
-    return events[-1]
+    return harness.failure(adapter, script, request)
 
 
 # --------------------------------------------------------------------------- streaming
@@ -416,7 +404,7 @@ def test_nothing_listening_is_a_retryable_network_error() -> None:
         url = server.url
     a = OpenAICompatAdapter(model=MODEL, api_key="sk-test", base_url=url + "/v1")
     with pytest.raises(ProviderError) as caught:
-        asyncio.run(_drain(a, HELLO))
+        asyncio.run(drain(a, HELLO))
     assert (caught.value.code, caught.value.retryable) == ("network", True)
 
 
@@ -509,8 +497,8 @@ def test_the_same_request_gives_byte_identical_bodies() -> None:
     request = ModelRequest(system="You are kiso.", messages=history(), tools=(TOOL,))
 
     async def twice(a: OpenAICompatAdapter) -> None:
-        await _drain(a, request)
-        await _drain(a, request)
+        await drain(a, request)
+        await drain(a, request)
 
     with SSEServer([text_reply("a"), text_reply("b")]) as server:
         asyncio.run(twice(adapter(server, max_output_tokens=100)))
@@ -583,8 +571,8 @@ def test_a_callers_http_client_is_reused_and_left_open() -> None:
     async def two_turns(server: SSEServer) -> None:
         async with httpx2.AsyncClient() as client:
             a = adapter(server, http_client=client)
-            assert done_of(await _drain(a, HELLO)).blocks == (TextBlock("one"),)
-            assert done_of(await _drain(a, HELLO)).blocks == (TextBlock("two"),)
+            assert done_of(await drain(a, HELLO)).blocks == (TextBlock("one"),)
+            assert done_of(await drain(a, HELLO)).blocks == (TextBlock("two"),)
             assert not client.is_closed
 
     with SSEServer([text_reply("one"), text_reply("two")]) as server:

@@ -29,12 +29,14 @@ from kiso.kernel import (
     Usage,
     UserMessage,
 )
-from kiso.providers import ModelRequest, ProviderError, StreamEvent, TextDelta, ToolSpec, TurnDone
+from kiso.providers import ModelRequest, ProviderError, StreamEvent, TextDelta, ToolSpec
 from kiso.providers.base import ThinkingDelta
 from kiso.providers.openai_responses import OpenAIResponsesAdapter
 from kiso.runtime import Agent
 from kiso.tools.base import ToolContext, define_tool
 
+from . import harness
+from .harness import done_of, drain
 from .sse import Event, Recorded, Reply, SSEServer, Stream
 
 MODEL = "gpt-test-2026-01-01"
@@ -215,25 +217,11 @@ def adapter(server: SSEServer, **kw: Any) -> OpenAIResponsesAdapter:
 def collect(
     script: Sequence[Stream | Reply], request: ModelRequest = HELLO, **kw: Any
 ) -> tuple[list[StreamEvent], list[Recorded]]:
-    with SSEServer(script) as server:
-        events = asyncio.run(_drain(adapter(server, **kw), request))
-    return events, server.requests
+    return harness.collect(adapter, script, request, **kw)
 
 
 def failure(script: Sequence[Stream | Reply], request: ModelRequest = HELLO) -> ProviderError:
-    with pytest.raises(ProviderError) as caught:
-        collect(script, request)
-    return caught.value
-
-
-async def _drain(a: OpenAIResponsesAdapter, request: ModelRequest) -> list[StreamEvent]:
-    return [event async for event in a.stream(request)]
-
-
-def done_of(events: list[StreamEvent]) -> TurnDone:
-    assert isinstance(events[-1], TurnDone)
-    assert sum(isinstance(e, TurnDone) for e in events) == 1
-    return events[-1]
+    return harness.failure(adapter, script, request)
 
 
 # --------------------------------------------------------------------------- streaming
@@ -546,8 +534,8 @@ def test_the_same_request_gives_byte_identical_bodies() -> None:
     request = ModelRequest(system="You are kiso.", messages=history(), tools=(TOOL,))
 
     async def twice(a: OpenAIResponsesAdapter) -> None:
-        await _drain(a, request)
-        await _drain(a, request)
+        await drain(a, request)
+        await drain(a, request)
 
     with SSEServer([text_reply("a"), text_reply("b")]) as server:
         asyncio.run(twice(adapter(server, max_output_tokens=100)))

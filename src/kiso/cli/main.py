@@ -10,7 +10,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
@@ -29,6 +31,7 @@ class _KisoGroup(click.Group):
         return super().resolve_command(ctx, args)
 
 
+F = TypeVar("F", bound=Callable[..., object])
 OUTPUT_FORMATS = click.Choice(["text", "json", "stream-json"])
 RESOLUTIONS = click.Choice(["rerun", "skip", "applied"])
 
@@ -88,6 +91,22 @@ def cli(
         ctx.invoke(chat, session_id=None)
 
 
+def _run_options(f: F) -> F:
+    """The flags a subcommand takes too, so they work after a session id as well as before."""
+    for option in reversed(
+        (
+            click.option(
+                "--model", "model_here", default=None, help="A profile name, or provider/model."
+            ),
+            click.option("--mode", "mode_here", default=None, help="The approval mode."),
+            click.option("--output-format", "format_here", type=OUTPUT_FORMATS, default=None),
+            click.option("--resolve", "resolve_here", type=RESOLUTIONS, default=None),
+        )
+    ):
+        f = option(f)
+    return f
+
+
 def _opts(ctx: click.Context) -> dict[str, object]:
     return dict(ctx.obj or {})
 
@@ -95,10 +114,7 @@ def _opts(ctx: click.Context) -> dict[str, object]:
 @cli.command()
 @click.argument("session_id", required=False)
 @click.option("-p", "--print", "prompt_here", metavar="PROMPT", help="Run one prompt with no UI.")
-@click.option("--model", "model_here", default=None, help="A profile name, or provider/model.")
-@click.option("--mode", "mode_here", default=None, help="The approval mode.")
-@click.option("--output-format", "format_here", type=OUTPUT_FORMATS, default=None)
-@click.option("--resolve", "resolve_here", type=RESOLUTIONS, default=None)
+@_run_options
 @click.pass_context
 def chat(
     ctx: click.Context,
@@ -141,10 +157,7 @@ def chat(
 @cli.command()
 @click.argument("session_id", required=False)
 @click.argument("prompt", required=False)
-@click.option("--model", "model_here", default=None, help="A profile name, or provider/model.")
-@click.option("--mode", "mode_here", default=None, help="The approval mode.")
-@click.option("--output-format", "format_here", type=OUTPUT_FORMATS, default=None)
-@click.option("--resolve", "resolve_here", type=RESOLUTIONS, default=None)
+@_run_options
 @click.pass_context
 def resume(
     ctx: click.Context,
