@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import unicodedata
 from pathlib import Path
 
 from kiso.kernel.errors import KisoError
@@ -53,6 +54,16 @@ def resolve_in_workspace(workspace: Path, path: str, *, must_exist: bool = False
         raise PathOutsideWorkspace(path, workspace, "the path is empty")
     if "\x00" in path:
         raise PathOutsideWorkspace(path, workspace, "the path contains a NUL byte")
+    if path.startswith("~"):
+        raise PathOutsideWorkspace(
+            path, workspace, "'~' is not expanded to a home directory (it would be a literal name)"
+        )
+    if _looks_like_traversal(path):
+        raise PathOutsideWorkspace(
+            path,
+            workspace,
+            "it uses characters that look like '/' or '..' (unicode look-alikes or a backslash)",
+        )
 
     root = Path(os.path.realpath(workspace))
     candidate = Path(path) if os.path.isabs(path) else root / path
@@ -72,6 +83,28 @@ def resolve_in_workspace(workspace: Path, path: str, *, must_exist: bool = False
             str(resolved),
         )
     return resolved
+
+
+# Characters that render like '/' but are not: a path built from them is a trick or a mistake.
+_SLASH_LIKE = str.maketrans({c: "/" for c in "\u2215\u2044\u29f8\u29f9\uff0f\u2571\u2572\\"})
+
+
+def _looks_like_traversal(path: str) -> bool:
+    """True when a component would read as ``..`` or ``.`` or hold a separator, once unicode
+    look-alikes (fullwidth dots, one-dot leaders, division slashes, backslashes) are folded."""
+    if path.isascii() and "\\" not in path:
+        return False
+    for part in path.split("/"):
+        folded = unicodedata.normalize("NFKC", part).translate(_SLASH_LIKE)
+        folded = folded.replace("\u2024", ".").replace("\u2025", "..").replace("\u2026", "...")
+        if folded == part:
+            continue
+        pieces = folded.split("/")
+        if len(pieces) > 1 and any(p in ("..", ".") for p in pieces):
+            return True
+        if any(p and set(p) == {"."} for p in pieces):
+            return True
+    return False
 
 
 def display_path(workspace: Path, resolved: Path) -> str:

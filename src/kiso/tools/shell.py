@@ -84,12 +84,14 @@ def run_command(
     cancelled: Callable[[], bool] = lambda: False,
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
     on_output: Callable[[str], None] | None = None,
+    shell: str | None = None,
 ) -> CommandResult:
     """Run ``command`` in a shell and return what it did; see the module docstring.
 
     Raises ValueError for a non-positive ``timeout_ms``, a negative ``output_limit`` or a NUL byte
     in ``command``, and OSError when the shell cannot be started (for example a missing ``cwd``).
-    If ``cancelled()`` is already true nothing is started.
+    If ``cancelled()`` is already true nothing is started. ``shell`` is the absolute path of the
+    shell to run the command with (``shell -c command``); the default is bash, else sh.
     """
     if timeout_ms <= 0:
         raise ValueError(f"timeout_ms must be positive, got {timeout_ms}")
@@ -101,7 +103,7 @@ def run_command(
         return CommandResult(None, "", 0, False, False, True, 0)
 
     proc = subprocess.Popen(
-        [_shell(), "-c", command],
+        [shell or _shell(), "-c", command],
         cwd=cwd,
         env=dict(env),
         stdin=subprocess.DEVNULL,

@@ -1,0 +1,231 @@
+"""Who may do what: permission policies, the two stock policy sets, and the path sandbox check.
+
+A :class:`Policy` names an action pattern (``tool:write_file``, ``tool:*``, ``net:private``), an
+effect (allow or deny) and optionally path patterns. :meth:`PermissionManager.check` finds every
+policy whose action and paths match: any deny wins, else any allow, else the call is refused.
+Nothing is allowed by default except tools the user registered (registering a tool is consent);
+a policy that names a registered tool still applies to it.
+
+Path patterns are ``fnmatch`` globs. A pattern without ``/`` matches any single component of the
+path (``.git`` matches ``a/.git/config``; ``.env*`` matches ``config/.env.local``); a pattern
+with ``/`` matches the whole path relative to the base. The executer passes base-relative paths.
+
+Actions the executer checks:
+
+- ``tool:<name>`` for every tool call, once per path argument (both ends of a move or copy), or
+  once with no path for a tool without one (``terminal``, ``http_request``, ``navigate``);
+- ``net:private`` before a network tool reaches a loopback, private, link-local, or cloud
+  metadata address.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Literal
+
+from kiso.tools.paths import PathOutsideWorkspace, resolve_in_workspace
+
+__all__ = [
+    "READ_TOOLS",
+    "ROOT_POLICIES",
+    "SAFE_POLICIES",
+    "WRITE_TOOLS",
+    "Decision",
+    "PermissionManager",
+    "Policy",
+    "Sandbox",
+    "allow",
+    "deny",
+]
+
+READ_TOOLS = ("read_file", "read_lines", "list_dir")
+WRITE_TOOLS = (
+    "write_file",
+    "delete_file",
+    "move_file",
+    "copy_file",
+    "create_dir",
+    "write_in_between",
+    "modify_line_between",
+    "delete_line",
+)
+
+# Files an agent must not write under SAFE_POLICIES: the repository's internals, environment files
+# and private keys (matched against each path component).
+PROTECTED_PATTERNS = (
+    ".git",
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    ".netrc",
+    ".npmrc",
+    ".pypirc",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Allow or deny ``action`` (an fnmatch pattern), optionally only for some paths."""
+
+    action: str
+    effect: Literal["allow", "deny"] = "allow"
+    paths: tuple[str, ...] | None = None
+    """Path patterns; None matches every call, with or without a path."""
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.effect not in ("allow", "deny"):
+            raise ValueError(f"a policy's effect is 'allow' or 'deny', not {self.effect!r}")
+        if not isinstance(self.action, str) or not self.action:
+            raise ValueError("a policy needs an action pattern such as 'tool:write_file'")
+
+    def matches(self, action: str, path: str | None) -> bool:
+        if not fnmatchcase(action, self.action):
+            return False
+        if self.paths is None:
+            return True
+        if path is None:
+            return False
+        return any(_path_matches(pattern, path) for pattern in self.paths)
+
+
+def allow(action: str, *paths: str, reason: str = "") -> Policy:
+    return Policy(action, "allow", paths or None, reason)
+
+
+def deny(action: str, *paths: str, reason: str = "") -> Policy:
+    return Policy(action, "deny", paths or None, reason)
+
+
+def _path_matches(pattern: str, path: str) -> bool:
+    posix = path.replace(os.sep, "/")
+    if "/" in pattern:
+        return fnmatchcase(posix.lstrip("/"), pattern.lstrip("/")) or fnmatchcase(posix, pattern)
+    return any(fnmatchcase(part, pattern) for part in posix.split("/") if part)
+
+
+ROOT_POLICIES: tuple[Policy, ...] = (
+    Policy("*", "allow", reason="ROOT_POLICIES allow every action"),
+)
+"""Every tool, the shell and every network address (paths are still kept inside the base)."""
+
+SAFE_POLICIES: tuple[Policy, ...] = (
+    *(Policy(f"tool:{t}", reason="SAFE_POLICIES allow reading inside the base") for t in READ_TOOLS),
+    *(
+        Policy(f"tool:{t}", reason="SAFE_POLICIES allow editing files inside the base")
+        for t in WRITE_TOOLS
+    ),
+    *(
+        Policy(
+            f"tool:{t}",
+            "deny",
+            PROTECTED_PATTERNS,
+            reason="SAFE_POLICIES protect .git/, .env files and key files",
+        )
+        for t in WRITE_TOOLS
+    ),
+)
+"""Read and edit files inside the base, except ``.git/``, ``.env*`` and key files. The shell,
+git, the browser and the network are refused until a policy allows them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    reason: str
+    policy: Policy | None = None
+
+
+class PermissionManager:
+    """``PermissionManager(policies)``: decide whether an action on a path is allowed."""
+
+    def __init__(
+        self, policies: Iterable[Policy] = SAFE_POLICIES, *, registered: Iterable[str] = ()
+    ) -> None:
+        self.policies: tuple[Policy, ...] = tuple(policies)
+        for p in self.policies:
+            if not isinstance(p, Policy):
+                raise TypeError(
+                    f"PermissionManager takes Policy objects (see ROOT_POLICIES, SAFE_POLICIES, "
+                    f"allow() and deny()), got {type(p).__name__}"
+                )
+        self._registered: set[str] = set(registered)
+
+    def with_policies(self, *extra: Policy) -> PermissionManager:
+        """A copy with more policies (``manager.with_policies(allow("tool:terminal"))``)."""
+        return PermissionManager((*self.policies, *extra), registered=self._registered)
+
+    def register_tool(self, name: str) -> None:
+        """Mark a user-registered tool: allowed unless a policy denies it."""
+        self._registered.add(name)
+
+    def check(self, action: str, path: str | os.PathLike[str] | None = None) -> bool:
+        """True when ``action`` (on ``path``, if given) is allowed."""
+        return self.decide(action, path).allowed
+
+    def decide(self, action: str, path: str | os.PathLike[str] | None = None) -> Decision:
+        target = os.fspath(path) if path is not None else None
+        allowed_by: Policy | None = None
+        for policy in self.policies:
+            if not policy.matches(action, target):
+                continue
+            if policy.effect == "deny":
+                why = policy.reason or f"a policy denies {policy.action}"
+                return Decision(False, f"{action} is denied{_on(target)}: {why}", policy)
+            allowed_by = allowed_by or policy
+        if allowed_by is not None:
+            return Decision(True, allowed_by.reason or "allowed", allowed_by)
+        if action.startswith("tool:") and action[5:] in self._registered:
+            return Decision(True, "a registered tool is allowed unless a policy denies it")
+        hint = (
+            "pass permissions=PermissionManager(ROOT_POLICIES), or add "
+            f"allow({action!r}) to the policies, to allow it"
+        )
+        return Decision(False, f"{action} is not allowed{_on(target)} by any policy; {hint}")
+
+
+def _on(path: str | None) -> str:
+    return f" on {path!r}" if path is not None else ""
+
+
+class Sandbox:
+    """The executer's path sandbox: :func:`kiso.tools.paths.resolve_in_workspace` underneath."""
+
+    @staticmethod
+    def is_path_safe(base: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:
+        """True when ``path`` (relative to ``base``, or absolute) really lies inside ``base``.
+
+        NUL bytes are refused; the deepest existing ancestor is resolved with ``realpath`` (so a
+        symlink, or a symlinked parent directory, that leaves the base is refused); containment
+        is compared by path components, never string prefixes (``/base-evil`` is outside
+        ``/base``).
+        """
+        try:
+            Sandbox.resolve(base, path)
+        except (PathOutsideWorkspace, OSError, TypeError, ValueError):
+            return False
+        return True
+
+    @staticmethod
+    def resolve(base: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+        """The real absolute path, or :class:`~kiso.tools.paths.PathOutsideWorkspace`."""
+        raw = os.fspath(path)
+        if not isinstance(raw, str):
+            raise TypeError("a path must be text, not bytes")
+        return resolve_in_workspace(Path(os.fspath(base)), raw)
+
+    @staticmethod
+    def check_all(base: str | os.PathLike[str], paths: Sequence[str]) -> bool:
+        """True when every path (both ends of a move or copy) is safe."""
+        return all(Sandbox.is_path_safe(base, p) for p in paths)

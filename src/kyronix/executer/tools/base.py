@@ -1,0 +1,181 @@
+"""What a built-in (or registered) executer tool is: its parameters, its handler, its outcome.
+
+A tool is a :class:`ToolSpec`: a name, typed :class:`Param` s and a handler. The executer turns
+the KML argument strings into the declared types, resolves every path parameter through the one
+path sandbox (and checks the permission for it) *before* the handler runs, and hands the handler a
+:class:`Call` holding the converted, resolved arguments. A handler returns a :class:`ToolOutput`
+or raises :class:`ToolFailure` (never anything else on purpose: an unexpected exception becomes a
+``ToolError`` result naming it, but is a bug).
+
+Handlers may be plain functions (run in a worker thread, so a slow tool never blocks the event
+loop) or coroutine functions (awaited on the executer's loop).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from kiso.tools.paths import PathOutsideWorkspace, resolve_in_workspace
+
+if TYPE_CHECKING:
+    from kyronix.executer.permissions import PermissionManager
+    from kyronix.executer.tools.browser import BrowserSession
+
+__all__ = [
+    "Call",
+    "Handler",
+    "Resources",
+    "Param",
+    "ParamType",
+    "SecurityError",
+    "ToolFailure",
+    "ToolOutput",
+    "ToolSpec",
+]
+
+ParamType = Literal["string", "integer", "boolean", "object", "path", "dir"]
+"""``path``: a path resolved inside the base (it may not exist yet). ``dir``: a path that must be
+an existing directory (a ``cwd``). ``object``: a JSON object (``headers``)."""
+
+
+class ToolFailure(Exception):
+    """A tool could not do what was asked. Becomes ``{success: false, error, errorType}``."""
+
+    error_type: str = "ToolError"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_type: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        output: str = "",
+        truncated: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.output = output
+        """What the tool printed before it failed (a failing command's output)."""
+        self.truncated = truncated
+        if error_type is not None:
+            self.error_type = error_type
+        self.data = dict(data) if data is not None else None
+
+
+class SecurityError(ToolFailure):
+    """A permission policy or the path sandbox refused the call. Stops the rest of the envelope
+    unless the caller asked to continue."""
+
+    error_type = "SecurityError"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """A successful tool's result: ``output`` for the model, ``data`` for programs."""
+
+    output: str
+    data: dict[str, Any] | None = None
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One argument. ``relative_to`` names another path/dir parameter that a relative value is
+    resolved against (``git_clone``'s ``directory`` is relative to its ``cwd``); the default is
+    the base path. A ``dir`` parameter that is absent defaults to the base (or its anchor)."""
+
+    name: str
+    type: ParamType = "string"
+    required: bool = True
+    relative_to: str | None = None
+    description: str = ""
+
+
+class Resources:
+    """What the tools of one executer share: one headless browser, started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._browser: BrowserSession | None = None
+
+    @property
+    def browser(self) -> BrowserSession:
+        with self._lock:
+            if self._browser is None:
+                from kyronix.executer.tools.browser import BrowserSession
+
+                self._browser = BrowserSession()
+            return self._browser
+
+    def close(self) -> None:
+        with self._lock:
+            browser, self._browser = self._browser, None
+        if browser is not None:
+            browser.close()
+
+
+@dataclass
+class Call:
+    """One tool call as its handler sees it."""
+
+    tool: str
+    execution_id: str
+    args: dict[str, Any]
+    """Converted arguments; paths are absolute resolved :class:`~pathlib.Path` s."""
+    base: Path
+    """The real (symlink-free) base path every path must stay inside."""
+    permissions: PermissionManager
+    raw: dict[str, str] = field(default_factory=dict)
+    """The arguments exactly as the KML gave them."""
+    resources: Resources = field(default_factory=Resources)
+    """Shared per-executer resources (the browser)."""
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    def resolve(self, raw: str, *, relative_to: Path | None = None) -> Path:
+        """Resolve a path that is not a declared parameter through the same sandbox, or raise
+        :class:`SecurityError`. The handler must still check permissions for what it does."""
+        return sandbox_resolve(self.base, raw, relative_to=relative_to)
+
+    def rel(self, path: Path) -> str:
+        """``path`` relative to the base, POSIX form (``.`` for the base itself)."""
+        rel = path.relative_to(self.base).as_posix()
+        return rel if rel else "."
+
+
+Handler = Callable[[Call], "ToolOutput | Awaitable[ToolOutput]"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    params: tuple[Param, ...]
+    handler: Handler
+    description: str = ""
+    builtin: bool = True
+    writes: bool = False
+    """Whether the tool changes files (for docs and SAFE_POLICIES; the permission check is by
+    action name, ``tool:<name>``)."""
+
+    def param(self, name: str) -> Param | None:
+        for p in self.params:
+            if p.name == name:
+                return p
+        return None
+
+
+def sandbox_resolve(base: Path, raw: str, *, relative_to: Path | None = None) -> Path:
+    """The one path sandbox (:func:`kiso.tools.paths.resolve_in_workspace`), raising
+    :class:`SecurityError`. A relative ``raw`` is taken from ``relative_to`` (default: base)."""
+    if isinstance(raw, str) and relative_to is not None and raw and not os.path.isabs(raw):
+        raw = os.path.join(relative_to, raw)
+    try:
+        return resolve_in_workspace(base, raw)
+    except PathOutsideWorkspace as exc:
+        raise SecurityError(str(exc)) from None
+    except OSError as exc:  # ENAMETOOLONG from realpath, ELOOP on symlink cycles
+        raise SecurityError(f"path {raw[:200]!r} was refused: {exc.strerror or exc}") from None

@@ -1,0 +1,99 @@
+"""``terminal``: a shell command, run by the runtime's one shell runner.
+
+The command runs in its own process group with stdin closed, a timeout that kills the whole group,
+a cap on the output kept (head and tail), and an environment with credentials removed
+(:func:`kiso.tools.env.child_env`). ``cwd`` is sandboxed like any path, but the command itself can
+do anything the executer's user can: path checks cannot contain a shell. That is why
+``SAFE_POLICIES`` refuse it; where commands must be contained, run the executer under OS isolation
+(see docs/executer.md, "The terminal is not sandboxed").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from kiso.tools.env import child_env
+from kiso.tools.shell import DEFAULT_OUTPUT_LIMIT, format_command_result, run_command
+from kyronix.executer.tools.base import Call, Param, ToolFailure, ToolOutput, ToolSpec
+
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "TOOLS"]
+
+DEFAULT_TIMEOUT_S = 120
+MAX_TIMEOUT_S = 3600
+
+
+def _shell_path(name: str) -> str:
+    """The absolute path of the shell the caller named (``bash``, ``/bin/sh``, ``zsh``)."""
+    found = name if os.path.isabs(name) else shutil.which(name)
+    if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
+        raise ToolFailure(
+            f"the shell {name!r} was not found or is not executable; leave shell out to use "
+            f"bash, or name an installed shell such as 'sh'",
+            error_type="InvalidArguments",
+        )
+    return found
+
+
+def terminal(call: Call) -> ToolOutput:
+    command: str = call.args["command"]
+    cwd: Path = call.args["cwd"]
+    if not command.strip():
+        raise ToolFailure("the command is empty", error_type="InvalidArguments")
+    if "\x00" in command:
+        raise ToolFailure("the command contains a NUL byte", error_type="InvalidArguments")
+    shell = _shell_path(call.args["shell"]) if "shell" in call.args else None
+    timeout_s = call.args.get("timeout", DEFAULT_TIMEOUT_S)
+    if not 1 <= timeout_s <= MAX_TIMEOUT_S:
+        raise ToolFailure(
+            f"timeout is in seconds, from 1 to {MAX_TIMEOUT_S}; got {timeout_s}",
+            error_type="InvalidArguments",
+        )
+    try:
+        result = run_command(
+            command,
+            cwd=cwd,
+            env=child_env(call.env),
+            timeout_ms=timeout_s * 1000,
+            output_limit=DEFAULT_OUTPUT_LIMIT,
+            shell=shell,
+        )
+    except OSError as exc:
+        raise ToolFailure(f"could not start the shell in {call.rel(cwd)}: {exc.strerror}") from None
+    formatted = format_command_result(result, timeout_s * 1000)
+    data = {
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "bytes": result.total_bytes,
+        "cwd": str(cwd),
+    }
+    if formatted.is_error:
+        if result.timed_out:
+            why = f"the command timed out after {timeout_s} s; its process group was killed"
+        else:
+            why = f"the command exited with status {result.exit_code}"
+        raise ToolFailure(
+            why,
+            error_type="Timeout" if result.timed_out else "CommandFailed",
+            data=data,
+            output=formatted.content,
+            truncated=result.truncated,
+        )
+    return ToolOutput(formatted.content, data, truncated=result.truncated)
+
+
+TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        "terminal",
+        (
+            Param("command", "string"),
+            Param("cwd", "dir", required=False),
+            Param("shell", "string", required=False),
+            Param("timeout", "integer", required=False),
+        ),
+        terminal,
+        "Run a shell command (own process group, timeout, output cap, no credentials).",
+        writes=True,
+    ),
+)
