@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import platform
 
-from bench import append, kml, load, runtime, size, startup
+from bench import append, executer, kml, load, runtime, size, startup
 
 
 def main() -> None:
@@ -20,6 +20,7 @@ def main() -> None:
         runtime.run([50])
         startup.run(3)
         kml.run(100_000, 1)
+        executer.run(100, 1)
     else:
         append.run(10_000, 3)
         load.run(100_000, 5)
@@ -27,6 +28,7 @@ def main() -> None:
         runtime.run([200, 1_000, 2_000])
         startup.run(15)
         kml.run()
+        executer.run()
 
 
 if __name__ == "__main__":

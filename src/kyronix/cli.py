@@ -60,6 +60,7 @@ def cli() -> None:
     help="Settle an uncertain execution after checking what happened, and exit.",
 )
 def exec_command(
+    *,
     plan: str | None,
     base: str,
     root: bool,
@@ -89,7 +90,9 @@ def exec_command(
             )
     permissions = PermissionManager((*policies, *(allow(a) for a in allowed)))
     try:
-        executer = KyronixExecuter(permissions=permissions, receipts=receipts, continue_on_denial=go_on)
+        executer = KyronixExecuter(
+            permissions=permissions, receipts=receipts, continue_on_denial=go_on
+        )
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     with executer:

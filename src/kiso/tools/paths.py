@@ -36,7 +36,9 @@ class PathOutsideWorkspace(KisoError, ValueError):
         )
 
 
-def resolve_in_workspace(workspace: Path, path: str, *, must_exist: bool = False) -> Path:
+def resolve_in_workspace(
+    workspace: Path, path: str, *, must_exist: bool = False, root_is_real: bool = False
+) -> Path:
     """Return the real absolute path ``path`` names, guaranteed to lie inside ``workspace``.
 
     ``path`` is relative to the workspace root, or absolute. Symlinks are resolved all the way;
@@ -47,6 +49,8 @@ def resolve_in_workspace(workspace: Path, path: str, *, must_exist: bool = False
     Raises :class:`PathOutsideWorkspace` for an empty path, a NUL byte, or a real path outside
     the real workspace root; with ``must_exist``, raises :class:`FileNotFoundError` when nothing
     exists at the resolved path (a dangling symlink inside the workspace counts as missing).
+    ``root_is_real`` says the caller already resolved ``workspace`` with ``realpath`` (a hot path
+    that checks many paths against one root skips doing it again).
     """
     if not isinstance(path, str):
         raise PathOutsideWorkspace(repr(path), workspace, "a path must be a string")
@@ -65,21 +69,24 @@ def resolve_in_workspace(workspace: Path, path: str, *, must_exist: bool = False
             "it uses characters that look like '/' or '..' (unicode look-alikes or a backslash)",
         )
 
-    root = Path(os.path.realpath(workspace))
-    candidate = Path(path) if os.path.isabs(path) else root / path
+    root_s = os.fspath(workspace) if root_is_real else os.path.realpath(workspace)
+    candidate = path if os.path.isabs(path) else os.path.join(root_s, path)
     # realpath(strict=False) resolves every existing component (following symlinks, including a
     # dangling one's target) and appends the components that do not exist yet.
-    resolved = Path(os.path.realpath(candidate))
-    if resolved != root and root not in resolved.parents:
+    resolved_s = os.path.realpath(candidate)
+    # Containment by whole components (commonpath), never by string prefix: /base-evil is out.
+    if resolved_s != root_s and os.path.commonpath((root_s, resolved_s)) != root_s:
+        root, resolved = Path(root_s), Path(resolved_s)
         if resolved == Path(os.path.abspath(candidate)):
             reason = f"it is {resolved}, which is outside the workspace"
         else:
             reason = f"it resolves (through '..' or a symlink) to {resolved}, outside the workspace"
         raise PathOutsideWorkspace(path, root, reason)
+    resolved = Path(resolved_s)
     if must_exist and not resolved.exists():
         raise FileNotFoundError(
             errno.ENOENT,
-            f"nothing exists at {path!r} in the workspace {root}; check the name with list_dir",
+            f"nothing exists at {path!r} in the workspace {root_s}; check the name with list_dir",
             str(resolved),
         )
     return resolved

@@ -171,18 +171,26 @@ class KyronixExecuter:
         go_on = self.continue_on_denial if continue_on_denial is None else continue_on_denial
         results: list[dict[str, Any]] = []
         stopped_by: str | None = None
-        for call in plan.tools:
-            if stopped_by is not None:
-                results.append(_skipped(call, stopped_by))
-                continue
-            entry = await self._run(call, base)
-            results.append(entry)
-            outcome = entry["result"]
-            if not go_on and not outcome["success"]:
-                if outcome.get("errorType") == "SecurityError":
-                    stopped_by = f"{call.name} ({call.execution_id}) was denied"
-                elif outcome.get("uncertain"):
-                    stopped_by = f"{call.name} ({call.execution_id}) is uncertain"
+        batch = _Batch(
+            self.receipts,
+            str(base),
+            self.receipts.get_many(str(base), [c.execution_id for c in plan.tools]),
+        )
+        try:
+            for call in plan.tools:
+                if stopped_by is not None:
+                    results.append(_skipped(call, stopped_by))
+                    continue
+                entry = await self._run(call, base, batch)
+                results.append(entry)
+                outcome = entry["result"]
+                if not go_on and not outcome["success"]:
+                    if outcome.get("errorType") == "SecurityError":
+                        stopped_by = f"{call.name} ({call.execution_id}) was denied"
+                    elif outcome.get("uncertain"):
+                        stopped_by = f"{call.name} ({call.execution_id}) is uncertain"
+        finally:
+            batch.flush()
         return results
 
     def execute_sync(
@@ -201,7 +209,9 @@ class KyronixExecuter:
             raise RuntimeError("execute_sync() was called inside an event loop; await execute()")
         return asyncio.run(self.execute(kml, base_path, continue_on_denial=continue_on_denial))
 
-    def uncertain_executions(self, base_path: str | os.PathLike[str] | None = None) -> list[Receipt]:
+    def uncertain_executions(
+        self, base_path: str | os.PathLike[str] | None = None
+    ) -> list[Receipt]:
         """Executions under ``base_path`` that started and never finished."""
         return self.receipts.uncertain(str(_base(base_path)))
 
@@ -264,7 +274,7 @@ class KyronixExecuter:
 
     # -- one call ------------------------------------------------------------------------------
 
-    async def _run(self, call: ToolCall, base: Path) -> dict[str, Any]:
+    async def _run(self, call: ToolCall, base: Path, batch: _Batch) -> dict[str, Any]:
         scope = str(base)
         digest = request_hash(call.name, call.args)
         # One execution per id at a time in this process: a duplicate that arrives while the
@@ -277,22 +287,23 @@ class KyronixExecuter:
                 self._inflight[key] = event
         if running is not None:
             await asyncio.to_thread(running.wait)
+            batch.known.pop(call.execution_id, None)
             known = self.receipts.get(scope, call.execution_id)
             if known is None:  # it failed before running (denied, bad arguments): evaluate anew
-                return await self._run(call, base)
+                return await self._run(call, base, batch)
             return await self._replay(call, known, digest)
         try:
-            return await self._run_claimed(call, base, scope, digest)
+            return await self._run_claimed(call, base, scope, digest, batch)
         finally:
             with self._inflight_lock:
                 self._inflight.pop(key, None)
             event.set()
 
     async def _run_claimed(
-        self, call: ToolCall, base: Path, scope: str, digest: str
+        self, call: ToolCall, base: Path, scope: str, digest: str, batch: _Batch
     ) -> dict[str, Any]:
         started = time.monotonic()
-        known = self.receipts.get(scope, call.execution_id)
+        known = batch.known.get(call.execution_id)
         if known is not None:
             return await self._replay(call, known, digest)
 
@@ -303,8 +314,7 @@ class KyronixExecuter:
                 call,
                 dict(call.args),
                 ToolFailure(
-                    f"there is no tool named {call.name!r}; the tools are: "
-                    f"{', '.join(self.tools)}",
+                    f"there is no tool named {call.name!r}; the tools are: {', '.join(self.tools)}",
                     error_type="UnknownTool",
                 ),
                 started,
@@ -318,6 +328,7 @@ class KyronixExecuter:
 
         effectful = call.name not in READ_TOOLS or spec is None
         if effectful:
+            batch.flush()
             raced = await asyncio.to_thread(
                 self.receipts.start, scope, call.execution_id, call.name, digest
             )
@@ -344,7 +355,7 @@ class KyronixExecuter:
                 self.receipts.finish, scope, call.execution_id, call.name, digest, entry
             )
         else:
-            self.receipts.finish(scope, call.execution_id, call.name, digest, entry, durable=False)
+            batch.add(call.execution_id, call.name, digest, entry)
         return entry
 
     async def _replay(self, call: ToolCall, known: Receipt, digest: str) -> dict[str, Any]:
@@ -427,13 +438,34 @@ class KyronixExecuter:
 
     def _authorize(self, tool: str, base: Path, targets: list[str]) -> None:
         action = f"tool:{tool}"
-        for target in targets or [None]:
+        checks: list[str | None] = [*targets] if targets else [None]
+        for target in checks:
             decision = self.permissions.decide(action, target)
             if not decision.allowed:
                 raise SecurityError(decision.reason)
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+class _Batch:
+    """One envelope's view of the receipts: the rows known when it began (one query), and the
+    receipts of read-only calls, written together (without fsync) at the end of the envelope or
+    before the next call with side effects."""
+
+    def __init__(self, store: ReceiptStore, scope: str, known: dict[str, Receipt]) -> None:
+        self.store = store
+        self.scope = scope
+        self.known = known
+        self._pending: list[tuple[str, str, str, dict[str, Any]]] = []
+
+    def add(self, execution_id: str, tool: str, digest: str, entry: dict[str, Any]) -> None:
+        self._pending.append((execution_id, tool, digest, entry))
+
+    def flush(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self.store.finish_many(self.scope, pending)
 
 
 def _base(base_path: str | os.PathLike[str] | None) -> Path:
@@ -449,8 +481,11 @@ def _base(base_path: str | os.PathLike[str] | None) -> Path:
 
 
 def _rel(path: Path, base: Path) -> str:
-    rel = path.relative_to(base).as_posix()
-    return rel or "."
+    """``path`` (resolved, inside ``base``) relative to ``base``; ``.`` for the base itself."""
+    full, root = str(path), str(base)
+    if full == root:
+        return "."
+    return full[len(root) + 1 :] if root != "/" else full[1:]
 
 
 def _convert(tool: str, p: Param, text: str, base: Path, args: Mapping[str, Any]) -> Any:
@@ -505,7 +540,7 @@ def _convert(tool: str, p: Param, text: str, base: Path, args: Mapping[str, Any]
 async def _invoke(spec: ToolSpec, call: Call, *, inline: bool) -> ToolOutput | ToolFailure:
     try:
         if inspect.iscoroutinefunction(spec.handler):
-            out = await spec.handler(call)  # type: ignore[misc]
+            out = await spec.handler(call)
         elif inline:
             out = spec.handler(call)
         else:
@@ -605,4 +640,3 @@ def _skipped(call: ToolCall, why: str) -> dict[str, Any]:
         "skipped": True,
     }
     return {"tool": call.name, "args": dict(call.args), "result": result}
-

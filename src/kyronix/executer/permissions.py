@@ -121,7 +121,10 @@ ROOT_POLICIES: tuple[Policy, ...] = (
 """Every tool, the shell and every network address (paths are still kept inside the base)."""
 
 SAFE_POLICIES: tuple[Policy, ...] = (
-    *(Policy(f"tool:{t}", reason="SAFE_POLICIES allow reading inside the base") for t in READ_TOOLS),
+    *(
+        Policy(f"tool:{t}", reason="SAFE_POLICIES allow reading inside the base")
+        for t in READ_TOOLS
+    ),
     *(
         Policy(f"tool:{t}", reason="SAFE_POLICIES allow editing files inside the base")
         for t in WRITE_TOOLS
@@ -161,6 +164,7 @@ class PermissionManager:
                     f"allow() and deny()), got {type(p).__name__}"
                 )
         self._registered: set[str] = set(registered)
+        self._by_action: dict[str, tuple[Policy, ...]] = {}
 
     def with_policies(self, *extra: Policy) -> PermissionManager:
         """A copy with more policies (``manager.with_policies(allow("tool:terminal"))``)."""
@@ -176,9 +180,15 @@ class PermissionManager:
 
     def decide(self, action: str, path: str | os.PathLike[str] | None = None) -> Decision:
         target = os.fspath(path) if path is not None else None
+        relevant = self._by_action.get(action)
+        if relevant is None:
+            relevant = tuple(p for p in self.policies if fnmatchcase(action, p.action))
+            self._by_action[action] = relevant
         allowed_by: Policy | None = None
-        for policy in self.policies:
-            if not policy.matches(action, target):
+        for policy in relevant:
+            if policy.paths is not None and (
+                target is None or not any(_path_matches(pat, target) for pat in policy.paths)
+            ):
                 continue
             if policy.effect == "deny":
                 why = policy.reason or f"a policy denies {policy.action}"

@@ -30,7 +30,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +57,13 @@ CREATE TABLE IF NOT EXISTS receipts (
     PRIMARY KEY (scope, execution_id)
 ) WITHOUT ROWID
 """
+
+_UPSERT_FINISHED = (
+    "INSERT INTO receipts (scope, execution_id, tool, request_hash, state, started_at,"
+    " finished_at, pid, host, entry) VALUES (?, ?, ?, ?, 'finished', ?, ?, ?, ?, ?)"
+    " ON CONFLICT (scope, execution_id) DO UPDATE SET state = 'finished',"
+    " finished_at = excluded.finished_at, entry = excluded.entry"
+)
 
 Resolution = Literal["rerun", "skipped", "applied"]
 
@@ -123,6 +130,24 @@ class ReceiptStore:
             ).fetchone()
         return _receipt(row) if row else None
 
+    def get_many(self, scope: str, execution_ids: Sequence[str]) -> dict[str, Receipt]:
+        """The receipts among ``execution_ids`` (one query per 500 ids)."""
+        found: dict[str, Receipt] = {}
+        ids = list(dict.fromkeys(execution_ids))
+        with self._lock:
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    "SELECT scope, execution_id, tool, request_hash, state, started_at,"
+                    " finished_at, pid, host, entry FROM receipts WHERE scope = ? AND"
+                    f" execution_id IN ({marks})",
+                    (scope, *chunk),
+                ).fetchall()
+                for row in rows:
+                    found[row[1]] = _receipt(row)
+        return found
+
     def uncertain(self, scope: str | None = None) -> list[Receipt]:
         """Executions that started and never finished (oldest first)."""
         query = (
@@ -169,16 +194,45 @@ class ReceiptStore:
                 self._db.execute("PRAGMA synchronous=NORMAL")
             try:
                 self._db.execute(
-                    "INSERT INTO receipts (scope, execution_id, tool, request_hash, state,"
-                    " started_at, finished_at, pid, host, entry)"
-                    " VALUES (?, ?, ?, ?, 'finished', ?, ?, ?, ?, ?)"
-                    " ON CONFLICT (scope, execution_id) DO UPDATE SET state = 'finished',"
-                    " finished_at = excluded.finished_at, entry = excluded.entry",
+                    _UPSERT_FINISHED,
                     (scope, execution_id, tool, digest, now, now, os.getpid(), self._host, blob),
                 )
             finally:
                 if not durable:
                     self._db.execute("PRAGMA synchronous=FULL")
+
+    def finish_many(
+        self, scope: str, rows: Sequence[tuple[str, str, str, Mapping[str, Any]]]
+    ) -> None:
+        """Record several ``(execution_id, tool, digest, entry)`` results of read-only calls in
+        one transaction, without waiting for fsync."""
+        now = time.time()
+        params = [
+            (
+                scope,
+                eid,
+                tool,
+                digest,
+                now,
+                now,
+                os.getpid(),
+                self._host,
+                json.dumps(entry, ensure_ascii=False, separators=(",", ":")),
+            )
+            for eid, tool, digest, entry in rows
+        ]
+        with self._lock:
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                self._db.execute("BEGIN")
+                try:
+                    self._db.executemany(_UPSERT_FINISHED, params)
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            finally:
+                self._db.execute("PRAGMA synchronous=FULL")
 
     def resolve(
         self, scope: str, execution_id: str, how: Resolution, entry: Mapping[str, Any] | None
@@ -196,7 +250,8 @@ class ReceiptStore:
         if how == "rerun":
             with self._lock:
                 self._db.execute(
-                    "DELETE FROM receipts WHERE scope = ? AND execution_id = ? AND state = 'started'",
+                    "DELETE FROM receipts"
+                    " WHERE scope = ? AND execution_id = ? AND state = 'started'",
                     (scope, execution_id),
                 )
         elif how in ("skipped", "applied"):
@@ -213,6 +268,4 @@ class ReceiptStore:
 
 def _receipt(row: tuple[Any, ...]) -> Receipt:
     entry = json.loads(row[9]) if row[9] is not None else None
-    return Receipt(
-        row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], entry
-    )
+    return Receipt(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], entry)

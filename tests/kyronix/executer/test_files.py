@@ -135,6 +135,7 @@ def test_create_dir_is_mkdir_p(root_executer: KyronixExecuter, base: Path) -> No
     ],
 )
 def test_write_in_between(
+    *,
     root_executer: KyronixExecuter,
     base: Path,
     before: str,

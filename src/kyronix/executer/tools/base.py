@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 __all__ = [
     "Call",
     "Handler",
-    "Resources",
     "Param",
     "ParamType",
+    "Resources",
     "SecurityError",
     "ToolFailure",
     "ToolOutput",
@@ -143,8 +143,10 @@ class Call:
 
     def rel(self, path: Path) -> str:
         """``path`` relative to the base, POSIX form (``.`` for the base itself)."""
-        rel = path.relative_to(self.base).as_posix()
-        return rel if rel else "."
+        full, root = str(path), str(self.base)
+        if full == root:
+            return "."
+        return full[len(root) + 1 :] if root != "/" else full[1:]
 
 
 Handler = Callable[[Call], "ToolOutput | Awaitable[ToolOutput]"]
@@ -174,7 +176,7 @@ def sandbox_resolve(base: Path, raw: str, *, relative_to: Path | None = None) ->
     if isinstance(raw, str) and relative_to is not None and raw and not os.path.isabs(raw):
         raw = os.path.join(relative_to, raw)
     try:
-        return resolve_in_workspace(base, raw)
+        return resolve_in_workspace(base, raw, root_is_real=True)
     except PathOutsideWorkspace as exc:
         raise SecurityError(str(exc)) from None
     except OSError as exc:  # ENAMETOOLONG from realpath, ELOOP on symlink cycles

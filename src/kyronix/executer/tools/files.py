@@ -16,7 +16,14 @@ import stat
 from pathlib import Path
 
 from kiso.tools._filecore import atomic_write
-from kyronix.executer.tools.base import Call, Param, SecurityError, ToolFailure, ToolOutput, ToolSpec
+from kyronix.executer.tools.base import (
+    Call,
+    Param,
+    SecurityError,
+    ToolFailure,
+    ToolOutput,
+    ToolSpec,
+)
 
 __all__ = ["MAX_LIST_ENTRIES", "MAX_READ_BYTES", "TOOLS"]
 
