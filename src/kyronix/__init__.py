@@ -1,6 +1,8 @@
-"""Kyronix: an agent platform on the kiso runtime (server, runtime SDK, KML executer, tunnel).
+"""Kyronix: an agent platform on the kiso runtime.
 
-Only the package and its command exist so far; the parts arrive with their issues.
+Built so far: :mod:`kyronix.kml` (KML v1) and :mod:`kyronix.executer` (runs a KML plan's tools
+locally under permissions, a path sandbox and durable receipts). The server, the runtime SDK and
+the WebSocket tunnel arrive with their issues.
 """
 
 from kiso import __version__

@@ -6,7 +6,8 @@ policy whose action and paths match: any deny wins, else any allow, else the cal
 Nothing is allowed by default except tools the user registered (registering a tool is consent);
 a policy that names a registered tool still applies to it.
 
-Path patterns are ``fnmatch`` globs. A pattern without ``/`` matches any single component of the
+Path patterns are ``fnmatch`` globs (a pattern equal to the target always matches, so
+``[::1]:443`` needs no escaping). A pattern without ``/`` matches any single component of the
 path (``.git`` matches ``a/.git/config``; ``.env*`` matches ``config/.env.local``); a pattern
 with ``/`` matches the whole path relative to the base. The executer passes base-relative paths.
 
@@ -109,6 +110,8 @@ def deny(action: str, *paths: str, reason: str = "") -> Policy:
 
 
 def _path_matches(pattern: str, path: str) -> bool:
+    if pattern == path:  # literal first: "[::1]:443" is a target, not a character class
+        return True
     posix = path.replace(os.sep, "/")
     if "/" in pattern:
         return fnmatchcase(posix.lstrip("/"), pattern.lstrip("/")) or fnmatchcase(posix, pattern)

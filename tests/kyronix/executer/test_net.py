@@ -207,7 +207,7 @@ def test_net_private_allows_exactly_the_host_and_port_named(
     tmp_path: Path, no_lookups: list[str]
 ) -> None:
     permissions = SAFE.with_policies(
-        allow("net:private", "127.0.0.1:8080"), allow("net:private", "::1:443")
+        allow("net:private", "127.0.0.1:8080"), allow("net:private", "[::1]:443")
     )
     call = make_call(tmp_path, permissions)
     assert guard_url(call, "http://127.0.0.1:8080/api") == ["127.0.0.1"]

@@ -10,7 +10,7 @@ Two layers, pure logic first:
   ``http://2130706433/``, ``http://0x7f000001/`` and ``http://127.1/`` are seen as the
   ``127.0.0.1`` they are) and raise :class:`SecurityError` when any resolved address is private,
   unless the permission ``net:private`` allows ``host:port`` (the host as written in the URL,
-  lower-case, so ``localhost:8080``, ``127.0.0.1:8080``, ``::1:443``). Well-known cloud
+  lower-case, so ``localhost:8080``, ``127.0.0.1:8080``, ``[::1]:443``). Well-known cloud
   metadata host names are refused the same way, before any lookup.
 
 The guard checks addresses once. A client that resolves the name again when it connects can be
@@ -105,11 +105,11 @@ _NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
 def is_private_address(ip: str) -> bool:
     """True when ``ip`` is not an ordinary public unicast address.
 
-    An IPv6 zone (``fe80::1%eth0``) is ignored. IPv6 addresses that carry an IPv4 address
+    Brackets (``[::1]``) and an IPv6 zone (``fe80::1%eth0``) are ignored. IPv6 addresses that carry an IPv4 address
     (``::ffff:127.0.0.1``, ``::127.0.0.1``, ``2002:7f00:1::``, ``64:ff9b::7f00:1``) are private
     when the IPv4 address is. Raises :class:`ValueError` when ``ip`` is not an IP address.
     """
-    address = ipaddress.ip_address(ip.split("%", 1)[0])
+    address = ipaddress.ip_address(ip.strip().removeprefix("[").removesuffix("]").split("%", 1)[0])
     return _is_private(address)
 
 
@@ -142,9 +142,9 @@ def _embedded_v4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None
 
 
 def host_target(host: str, port: int) -> str:
-    """The ``net:private`` permission target: ``host:port`` (``::1:443`` for an IPv6 literal;
-    brackets would be a character class in the policy's fnmatch pattern)."""
-    return f"{host}:{port}"
+    """The ``net:private`` permission target: ``host:port``, ``[v6]:port`` for an IPv6 literal
+    (policies match a target literally before trying it as a pattern)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def redact_url(url: str) -> str:

@@ -1,0 +1,82 @@
+"""``kyronix exec`` and ``python -m kyronix.executer``, as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KYRONIX = str(Path(sys.executable).with_name("kyronix"))
+
+
+def _run(*args: str, stdin: str | None = None, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KYRONIX_HOME": str(home)},
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("entry", ["kyronix", "module"])
+def test_exec_prints_json_results(tmp_path: Path, base: Path, entry: str) -> None:
+    plan = tmp_path / "plan.kml"
+    plan.write_text(
+        "Here you go:\n<kyronix><plan>make a file</plan>"
+        '<tool name="write_file"><path>src/hello.py</path><content>\nprint("hi")\n</content>'
+        '</tool><tool name="read_file"><path>src/hello.py</path></tool>'
+        "<status>complete</status></kyronix>"
+    )
+    cmd = [KYRONIX, "exec"] if entry == "kyronix" else [sys.executable, "-m", "kyronix.executer"]
+    out = _run(*cmd, str(plan), "--base", str(base), home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    results = json.loads(out.stdout)
+    assert [r["tool"] for r in results] == ["write_file", "read_file"]
+    assert results[1]["result"]["output"] == 'print("hi")\n'
+    assert (base / "src/hello.py").read_text() == 'print("hi")\n'
+    assert (tmp_path / "receipts.sqlite3").exists()
+
+
+def test_exec_reads_stdin_and_applies_policies(tmp_path: Path, base: Path) -> None:
+    plan = '<tool name="terminal"><command>echo from-shell</command></tool>'
+    denied = _run(KYRONIX, "exec", "-", "--base", str(base), stdin=plan, home=tmp_path)
+    assert denied.returncode == 1
+    [entry] = json.loads(denied.stdout)
+    assert entry["result"]["errorType"] == "SecurityError"
+    plan2 = '<tool name="terminal"><command>echo from-shell-2</command></tool>'
+    allowed = _run(
+        KYRONIX, "exec", "-", "--base", str(base), "--allow", "tool:terminal", stdin=plan2,
+        home=tmp_path,
+    )  # fmt: skip
+    assert allowed.returncode == 0, allowed.stderr
+    assert json.loads(allowed.stdout)[0]["result"]["output"].startswith("from-shell-2")
+
+
+def test_exec_bad_input_is_a_clear_error(tmp_path: Path, base: Path) -> None:
+    truncated = tmp_path / "bad.kml"
+    truncated.write_text('<kyronix><tool name="write_file"><path>a</path><content>x')
+    out = _run(KYRONIX, "exec", str(truncated), "--base", str(base), home=tmp_path)
+    assert out.returncode == 2
+    assert "not valid KML" in out.stderr and "offset" in out.stderr
+    assert "nothing was run" in out.stderr and "Traceback" not in out.stderr
+    assert os.listdir(base) == []
+
+    missing = _run(KYRONIX, "exec", str(tmp_path / "nope.kml"), "--base", str(base), home=tmp_path)
+    assert missing.returncode != 0 and "cannot read the plan" in missing.stderr
+    bad_allow = _run(KYRONIX, "exec", "-", "--allow", "terminal", stdin="", home=tmp_path)
+    assert bad_allow.returncode == 2 and "tool:terminal" in bad_allow.stderr
+    bad_resolve = _run(KYRONIX, "exec", "--resolve", "x=maybe", "--base", str(base), home=tmp_path)
+    assert bad_resolve.returncode == 2 and "ID=rerun" in bad_resolve.stderr
+    unknown = _run(KYRONIX, "exec", "--resolve", "x=rerun", "--base", str(base), home=tmp_path)
+    assert unknown.returncode == 1 and "no execution 'x'" in unknown.stderr
+    nobase = _run(KYRONIX, "exec", "-", "--base", str(tmp_path / "nope"), stdin="", home=tmp_path)
+    assert nobase.returncode == 2 and "does not exist" in nobase.stderr
+    for out in (missing, bad_allow, bad_resolve, unknown, nobase):
+        assert "Traceback" not in out.stderr
