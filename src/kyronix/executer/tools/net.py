@@ -105,11 +105,13 @@ _NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
 def is_private_address(ip: str) -> bool:
     """True when ``ip`` is not an ordinary public unicast address.
 
-    Brackets (``[::1]``) and an IPv6 zone (``fe80::1%eth0``) are ignored. IPv6 addresses that carry an IPv4 address
-    (``::ffff:127.0.0.1``, ``::127.0.0.1``, ``2002:7f00:1::``, ``64:ff9b::7f00:1``) are private
-    when the IPv4 address is. Raises :class:`ValueError` when ``ip`` is not an IP address.
+    Brackets (``[::1]``) and an IPv6 zone (``fe80::1%eth0``) are ignored. IPv6 addresses that
+    carry an IPv4 address (``::ffff:127.0.0.1``, ``::127.0.0.1``, ``2002:7f00:1::``,
+    ``64:ff9b::7f00:1``) are private when the IPv4 address is. Raises :class:`ValueError` when
+    ``ip`` is not an IP address.
     """
-    address = ipaddress.ip_address(ip.strip().removeprefix("[").removesuffix("]").split("%", 1)[0])
+    bare = ip.strip().removeprefix("[").removesuffix("]")
+    address = ipaddress.ip_address(bare.split("%", 1)[0])
     return _is_private(address)
 
 
