@@ -5,7 +5,8 @@ executer runs them as one KML envelope of 1,000 ``<tool name="read_file">`` call
 dispatch, argument conversion, the path sandbox (``realpath``), the permission check, the tool,
 and a receipt row per call (read-only tools skip the fsynced ``started`` row). A second figure runs
 the 1,000 reads as 1,000 separate ``execute`` calls (one envelope each), the way a chatty agent
-would send them. Ratios are executer time over the floor, measured in the same run.
+would send them. Ratios are executer time over the floor, measured in the same run; a second floor
+does the least a sandboxed read must (``realpath``, a containment check, then the read).
 """
 
 from __future__ import annotations
@@ -47,16 +48,30 @@ def run(count: int = 1_000, repeat: int = 3) -> dict[str, float]:
                 with open(root / name, "rb") as f:
                     f.read().decode("utf-8")
 
+        real_root = os.path.realpath(root)
+
+        def safe_floor() -> None:
+            # the least a sandboxed read must do: resolve, check containment, read
+            for name in names:
+                real = os.path.realpath(os.path.join(real_root, name))
+                assert os.path.commonpath((real_root, real)) == real_root
+                with open(real, "rb") as f:
+                    f.read().decode("utf-8")
+
         def envelope() -> str:
             calls = tuple(ToolCall("read_file", {"path": n}, uuid.uuid4().hex) for n in names)
             return serialize(Plan(calls))
 
-        best_floor = best_one = best_many = float("inf")
+        best_floor = best_safe = best_one = best_many = float("inf")
         with executer:
             for _ in range(repeat):
                 start = time.perf_counter()
                 floor()
                 best_floor = min(best_floor, time.perf_counter() - start)
+
+                start = time.perf_counter()
+                safe_floor()
+                best_safe = min(best_safe, time.perf_counter() - start)
 
                 text = envelope()
                 start = time.perf_counter()
@@ -80,11 +95,13 @@ def run(count: int = 1_000, repeat: int = 3) -> dict[str, float]:
     per_call = (best_one - best_floor) / count * 1e6
     ratio = best_one / best_floor
     ratio_many = best_many / best_floor
+    ratio_safe = best_one / best_safe
     print(
         f"executer {count} read_file: one envelope {best_one * 1e3:.1f} ms "
         f"({best_one / count * 1e6:.0f} us/call, +{per_call:.0f} us over open()); "
         f"{count} envelopes {best_many * 1e3:.1f} ms; open() floor {best_floor * 1e3:.1f} ms; "
-        f"ratio {ratio:.1f}x (one envelope), {ratio_many:.1f}x (one per call)"
+        f"ratio {ratio:.1f}x (one envelope), {ratio_many:.1f}x (one per call); "
+        f"vs realpath+open() {best_safe * 1e3:.1f} ms: {ratio_safe:.1f}x"
     )
     return {
         "floor_s": best_floor,
@@ -93,6 +110,8 @@ def run(count: int = 1_000, repeat: int = 3) -> dict[str, float]:
         "overhead_us": per_call,
         "ratio": ratio,
         "ratio_separate": ratio_many,
+        "safe_floor_s": best_safe,
+        "ratio_safe": ratio_safe,
     }
 
 
