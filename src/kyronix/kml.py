@@ -13,7 +13,8 @@ Grammar (see the design note, "KML, version 1"):
   its first closing tag outside CDATA), ``<tool>`` any number of times, only whitespace between.
 - ``<tool name="..." executionId="...">``: ``name`` required and non-empty, either quote style,
   entities in attribute values decoded with :func:`html.unescape`. A missing or empty
-  ``executionId`` is assigned (``uuid4().hex``, ``assigned=True``); a duplicate id is an error.
+  ``executionId`` is assigned (``exec_`` + 32 random hex digits, ``assigned=True``); a
+  duplicate id is an error.
 - Each child element of a tool is one string argument; its text is raw (no entity decoding).
   It ends at the first ``</name>`` that is followed, after optional whitespace, by another
   argument's opening tag (``<x>`` or ``<x/>``) or by ``</tool>``. ``<![CDATA[...]]>`` sections
@@ -359,7 +360,7 @@ def parse(text: str) -> Plan:
         if eid:
             tools.append(ToolCall(name, args, eid, assigned=False))
         else:
-            tools.append(ToolCall(name, args, uuid.uuid4().hex, assigned=True))
+            tools.append(ToolCall(name, args, f"exec_{uuid.uuid4().hex}", assigned=True))
     return Plan(tuple(tools), sections.get("plan"), sections.get("summary"), sections.get("status"))
 
 

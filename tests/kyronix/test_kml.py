@@ -48,7 +48,7 @@ def test_clean_plan_in_prose_and_fences() -> None:
         "content": "      export const add = (a: number, b: number) => a + b;\n",
     }
     assert tool.assigned is True
-    assert len(tool.execution_id) == 32
+    assert tool.execution_id.startswith("exec_") and len(tool.execution_id) == 37
 
 
 def test_tools_in_document_order_and_args_ordered() -> None:

@@ -21,12 +21,13 @@ Actions the executer checks:
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from kiso.tools.paths import PathOutsideWorkspace, resolve_in_workspace
 
@@ -212,33 +213,56 @@ def _on(path: str | None) -> str:
     return f" on {path!r}" if path is not None else ""
 
 
+class _OnBase:
+    """A function of ``(base, path, ...)`` usable as ``Sandbox.f(base, path)`` on the class and
+    as ``Sandbox(base).f(path)`` on an instance (which supplies its base)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj: Sandbox | None, owner: type | None = None) -> Callable[..., Any]:
+        if obj is None:
+            return self.fn
+        return functools.partial(self.fn, obj.base)
+
+
+def _resolve(base: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """The real absolute path, or :class:`~kiso.tools.paths.PathOutsideWorkspace`."""
+    raw = os.fspath(path)
+    if not isinstance(raw, str):
+        raise TypeError("a path must be text, not bytes")
+    return resolve_in_workspace(Path(os.fspath(base)), raw)
+
+
+def _is_path_safe(base: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` (relative to ``base``, or absolute) really lies inside ``base``.
+
+    NUL bytes are refused; the deepest existing ancestor is resolved with ``realpath`` (so a
+    symlink, or a symlinked parent directory, that leaves the base is refused); containment is
+    compared by path components, never string prefixes (``/base-evil`` is outside ``/base``).
+    """
+    try:
+        _resolve(base, path)
+    except (PathOutsideWorkspace, OSError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _check_all(base: str | os.PathLike[str], paths: Sequence[str]) -> bool:
+    """True when every path (both ends of a move or copy) is safe."""
+    return all(_is_path_safe(base, p) for p in paths)
+
+
 class Sandbox:
-    """The executer's path sandbox: :func:`kiso.tools.paths.resolve_in_workspace` underneath."""
+    """The executer's path sandbox: :func:`kiso.tools.paths.resolve_in_workspace` underneath.
 
-    @staticmethod
-    def is_path_safe(base: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:
-        """True when ``path`` (relative to ``base``, or absolute) really lies inside ``base``.
+    ``Sandbox.is_path_safe(base, path)``, or bound to a base: ``Sandbox(base).is_path_safe(path)``.
+    """
 
-        NUL bytes are refused; the deepest existing ancestor is resolved with ``realpath`` (so a
-        symlink, or a symlinked parent directory, that leaves the base is refused); containment
-        is compared by path components, never string prefixes (``/base-evil`` is outside
-        ``/base``).
-        """
-        try:
-            Sandbox.resolve(base, path)
-        except (PathOutsideWorkspace, OSError, TypeError, ValueError):
-            return False
-        return True
+    def __init__(self, base: str | os.PathLike[str]) -> None:
+        self.base = base
 
-    @staticmethod
-    def resolve(base: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
-        """The real absolute path, or :class:`~kiso.tools.paths.PathOutsideWorkspace`."""
-        raw = os.fspath(path)
-        if not isinstance(raw, str):
-            raise TypeError("a path must be text, not bytes")
-        return resolve_in_workspace(Path(os.fspath(base)), raw)
-
-    @staticmethod
-    def check_all(base: str | os.PathLike[str], paths: Sequence[str]) -> bool:
-        """True when every path (both ends of a move or copy) is safe."""
-        return all(Sandbox.is_path_safe(base, p) for p in paths)
+    is_path_safe = _OnBase(_is_path_safe)
+    resolve = _OnBase(_resolve)
+    check_all = _OnBase(_check_all)

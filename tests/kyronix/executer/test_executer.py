@@ -361,6 +361,11 @@ def test_sandbox_is_path_safe(tmp_path: Path) -> None:
     assert not Sandbox.is_path_safe(base, "out/base-evil")
     assert not Sandbox.is_path_safe(base, "a\x00b")
     assert not Sandbox.is_path_safe(base, "../../../../etc/passwd")
+    bound = Sandbox(base)
+    assert bound.is_path_safe("inside/new.txt")
+    assert not bound.is_path_safe("../base-evil/x")
+    assert bound.resolve("inside") == (base / "inside").resolve()
+    assert not bound.check_all(["inside/a", "out/x"])
 
 
 def test_execute_sync_refuses_a_running_loop_and_ws_url_is_explicit(base: Path) -> None:
