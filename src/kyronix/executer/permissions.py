@@ -41,6 +41,7 @@ __all__ = [
     "Policy",
     "Sandbox",
     "allow",
+    "allow_in_base",
     "deny",
 ]
 
@@ -85,6 +86,9 @@ class Policy:
     paths: tuple[str, ...] | None = None
     """Path patterns; None matches every call, with or without a path."""
     reason: str = ""
+    within_base: bool = False
+    """Match only a path inside the base: relative, not climbing out with ``..`` (the executer
+    passes base-relative paths; an absolute path matches only through a manager's ``base``)."""
 
     def __post_init__(self) -> None:
         if self.effect not in ("allow", "deny"):
@@ -93,7 +97,11 @@ class Policy:
             raise ValueError("a policy needs an action pattern such as 'tool:write_file'")
 
     def matches(self, action: str, path: str | None) -> bool:
-        if not fnmatchcase(action, self.action):
+        return fnmatchcase(action, self.action) and self.applies_to(path)
+
+    def applies_to(self, path: str | None) -> bool:
+        """Whether the path part of this policy covers ``path`` (the action aside)."""
+        if self.within_base and (path is None or not _inside(path)):
             return False
         if self.paths is None:
             return True
@@ -102,8 +110,18 @@ class Policy:
         return any(_path_matches(pattern, path) for pattern in self.paths)
 
 
+def _inside(path: str) -> bool:
+    posix = os.path.normpath(path.replace(os.sep, "/"))
+    return not os.path.isabs(posix) and posix != ".." and not posix.startswith("../")
+
+
 def allow(action: str, *paths: str, reason: str = "") -> Policy:
     return Policy(action, "allow", paths or None, reason)
+
+
+def allow_in_base(action: str, *paths: str, reason: str = "") -> Policy:
+    """Allow ``action`` only on paths inside the base (as ``SAFE_POLICIES`` do)."""
+    return Policy(action, "allow", paths or None, reason, within_base=True)
 
 
 def deny(action: str, *paths: str, reason: str = "") -> Policy:
@@ -126,11 +144,15 @@ ROOT_POLICIES: tuple[Policy, ...] = (
 
 SAFE_POLICIES: tuple[Policy, ...] = (
     *(
-        Policy(f"tool:{t}", reason="SAFE_POLICIES allow reading inside the base")
+        Policy(f"tool:{t}", reason="SAFE_POLICIES allow reading inside the base", within_base=True)
         for t in READ_TOOLS
     ),
     *(
-        Policy(f"tool:{t}", reason="SAFE_POLICIES allow editing files inside the base")
+        Policy(
+            f"tool:{t}",
+            reason="SAFE_POLICIES allow editing files inside the base",
+            within_base=True,
+        )
         for t in WRITE_TOOLS
     ),
     *(
@@ -155,12 +177,22 @@ class Decision:
 
 
 class PermissionManager:
-    """``PermissionManager(policies)``: decide whether an action on a path is allowed."""
+    """``PermissionManager(policies)``: decide whether an action on a path is allowed.
+
+    The executer asks with base-relative paths. Called directly with an absolute path, a manager
+    given ``base`` judges it relative to that base; without one, an absolute path is never
+    "inside the base", so ``SAFE_POLICIES`` refuse it.
+    """
 
     def __init__(
-        self, policies: Iterable[Policy] = SAFE_POLICIES, *, registered: Iterable[str] = ()
+        self,
+        policies: Iterable[Policy] = SAFE_POLICIES,
+        *,
+        registered: Iterable[str] = (),
+        base: str | os.PathLike[str] | None = None,
     ) -> None:
         self.policies: tuple[Policy, ...] = tuple(policies)
+        self.base = os.path.realpath(base) if base is not None else None
         for p in self.policies:
             if not isinstance(p, Policy):
                 raise TypeError(
@@ -172,7 +204,9 @@ class PermissionManager:
 
     def with_policies(self, *extra: Policy) -> PermissionManager:
         """A copy with more policies (``manager.with_policies(allow("tool:terminal"))``)."""
-        return PermissionManager((*self.policies, *extra), registered=self._registered)
+        return PermissionManager(
+            (*self.policies, *extra), registered=self._registered, base=self.base
+        )
 
     def register_tool(self, name: str) -> None:
         """Mark a user-registered tool: allowed unless a policy denies it."""
@@ -184,15 +218,17 @@ class PermissionManager:
 
     def decide(self, action: str, path: str | os.PathLike[str] | None = None) -> Decision:
         target = os.fspath(path) if path is not None else None
+        if target is not None and self.base is not None and os.path.isabs(target):
+            real = os.path.realpath(target)
+            if real == self.base or os.path.commonpath((self.base, real)) == self.base:
+                target = os.path.relpath(real, self.base)
         relevant = self._by_action.get(action)
         if relevant is None:
             relevant = tuple(p for p in self.policies if fnmatchcase(action, p.action))
             self._by_action[action] = relevant
         allowed_by: Policy | None = None
         for policy in relevant:
-            if policy.paths is not None and (
-                target is None or not any(_path_matches(pat, target) for pat in policy.paths)
-            ):
+            if not policy.applies_to(target):
                 continue
             if policy.effect == "deny":
                 why = policy.reason or f"a policy denies {policy.action}"

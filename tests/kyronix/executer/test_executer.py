@@ -53,6 +53,14 @@ def test_permission_manager_check_as_documented(tmp_path: Path) -> None:
     for action in ("tool:terminal", "tool:http_request", "tool:git_clone", "tool:navigate"):
         assert not safe.check(action)
     assert not safe.check("net:private", "127.0.0.1:80")
+    # SAFE allows paths inside the base only: an absolute path is judged against a known base
+    assert not safe.check("tool:write_file", "/etc/passwd")
+    assert not safe.check("tool:read_file", "../outside.txt")
+    based = PermissionManager(SAFE_POLICIES, base=tmp_path)
+    assert based.check("tool:write_file", str(tmp_path / "src/app.py"))
+    assert not based.check("tool:write_file", str(tmp_path / ".env"))
+    assert not based.check("tool:write_file", "/etc/passwd")
+    assert based.with_policies(allow("tool:terminal")).check("tool:read_file", str(tmp_path))
     # deny wins over allow; a later allow can open one thing
     opened = safe.with_policies(allow("tool:terminal"))
     assert opened.check("tool:terminal")
