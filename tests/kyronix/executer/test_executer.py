@@ -129,7 +129,9 @@ def test_policy_list_is_accepted(tmp_path: Path, base: Path) -> None:
         permissions=[*SAFE_POLICIES, allow("tool:terminal")], receipts=tmp_path / "r.db"
     )
     with ex:
-        assert ok(ex, base, "terminal", command="echo hi")["output"].startswith("hi")
+        result = ok(ex, base, "terminal", command="echo hi; echo err >&2")
+        assert result["output"] == "hi\nerr\n"  # exactly what it printed, stderr merged
+        assert result["data"]["exit_code"] == 0
 
 
 def test_finished_execution_is_never_run_again(root_executer: KyronixExecuter, base: Path) -> None:

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from kiso.tools.env import child_env
-from kiso.tools.shell import DEFAULT_OUTPUT_LIMIT, format_command_result, run_command
+from kiso.tools.shell import DEFAULT_OUTPUT_LIMIT, run_command
 from kyronix.executer.tools.base import Call, Param, ToolFailure, ToolOutput, ToolSpec
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "TOOLS"]
@@ -61,26 +61,29 @@ def terminal(call: Call) -> ToolOutput:
         )
     except OSError as exc:
         raise ToolFailure(f"could not start the shell in {call.rel(cwd)}: {exc.strerror}") from None
-    formatted = format_command_result(result, timeout_s * 1000)
+    # The output is what the command printed, as it printed it; how it ended is in data/error.
     data = {
         "exit_code": result.exit_code,
         "timed_out": result.timed_out,
         "bytes": result.total_bytes,
         "cwd": str(cwd),
+        "strays_killed": result.strays_killed,
     }
-    if formatted.is_error:
+    if result.timed_out or result.exit_code != 0:
         if result.timed_out:
             why = f"the command timed out after {timeout_s} s; its process group was killed"
+        elif result.exit_code is not None and result.exit_code < 0:
+            why = f"the command was killed by signal {-result.exit_code}"
         else:
             why = f"the command exited with status {result.exit_code}"
         raise ToolFailure(
             why,
             error_type="Timeout" if result.timed_out else "CommandFailed",
             data=data,
-            output=formatted.content,
+            output=result.output,
             truncated=result.truncated,
         )
-    return ToolOutput(formatted.content, data, truncated=result.truncated)
+    return ToolOutput(result.output, data, truncated=result.truncated)
 
 
 TOOLS: tuple[ToolSpec, ...] = (
