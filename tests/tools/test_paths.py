@@ -161,3 +161,35 @@ def test_must_exist_raises_file_not_found_inside_and_still_refuses_outside(
 def test_display_path_is_workspace_relative(workspace: Path) -> None:
     assert display_path(workspace, real(workspace)) == "."
     assert display_path(workspace, real(workspace) / "a" / "b.txt") == "a/b.txt"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "~/.ssh/id_rsa",
+        "~",
+        "\uff0e\uff0e/outside/secret.txt",
+        "\u2025/outside",
+        "src/\u2024\u2024/x",
+        "..\u2215outside",
+        "..\\..\\outside",
+        "a\uff0f..\uff0fb",
+    ],
+)
+def test_tilde_and_look_alikes_of_dots_and_slashes_are_refused(workspace: Path, path: str) -> None:
+    with pytest.raises(PathOutsideWorkspace) as info:
+        resolve_in_workspace(workspace, path)
+    assert "~" in info.value.reason or "look like" in info.value.reason
+
+
+@pytest.mark.parametrize("name", ["café.txt", "naïve/ﬁle.py", "a\\b.txt", "日本語.md", "x~y"])
+def test_ordinary_unicode_names_still_resolve(workspace: Path, name: str) -> None:
+    assert resolve_in_workspace(workspace, name) == real(workspace) / name
+
+
+def test_a_real_root_skips_resolving_it_again(workspace: Path, tmp_path: Path) -> None:
+    link = tmp_path / "link-to-ws"
+    link.symlink_to(workspace)
+    root = real(workspace)
+    assert resolve_in_workspace(root, "a", root_is_real=True) == root / "a"
+    assert resolve_in_workspace(link, "a") == root / "a"
