@@ -77,13 +77,13 @@ def talker(name: str, *, threaded: bool) -> Tool:
 
     def execute_sync(args: dict[str, Any], ctx: ToolContext) -> str:
         for i in range(3):
-            ctx.on_output(f"{name}{i}\n")
+            ctx.progress(f"{name}{i}\n")
             time.sleep(0.05)
         return f"{name} done"
 
     async def execute_async(args: dict[str, Any], ctx: ToolContext) -> str:
         for i in range(3):
-            ctx.on_output(f"{name}{i}\n")
+            ctx.progress(f"{name}{i}\n")
             await asyncio.sleep(0.05)
         return f"{name} done"
 

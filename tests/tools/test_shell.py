@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -276,7 +277,7 @@ def test_the_tool_runs_in_the_workspace(ctx: ToolContext) -> None:
 
 def test_the_tool_reports_output_live_through_the_context(ctx: ToolContext) -> None:
     chunks: list[str] = []
-    ctx.on_output = chunks.append
+    ctx.progress = chunks.append
     result = call(ctx, command="echo one; sleep 0.1; echo two")
     assert "".join(chunks) == "one\ntwo\n"
     assert result.content == "one\ntwo\nexit 0"
@@ -290,8 +291,7 @@ def test_the_tool_reports_a_timeout(ctx: ToolContext) -> None:
 
 
 def test_the_tool_reports_a_cancellation(ctx: ToolContext) -> None:
-    flip_at = time.monotonic() + 0.3
-    ctx.cancelled = lambda: time.monotonic() >= flip_at
+    threading.Timer(0.3, ctx.abort.set).start()
     result = call(ctx, command="sleep 300")
     assert result.is_error
     assert result.error_kind == "aborted"
@@ -299,7 +299,7 @@ def test_the_tool_reports_a_cancellation(ctx: ToolContext) -> None:
 
 
 def test_the_tool_does_not_start_when_the_run_is_already_cancelled(ctx: ToolContext) -> None:
-    ctx.cancelled = lambda: True
+    ctx.abort.set()
     result = call(ctx, command="touch started")
     assert result.error_kind == "aborted"
     assert not (ctx.workspace / "started").exists()

@@ -7,14 +7,19 @@ crash). It imports nothing else of kiso's and does no I/O but the log's own.
 """
 
 from kiso.kernel.errors import (
+    Aborted,
     AppendError,
+    ControlSignal,
     CorruptLogError,
     EventError,
     KisoError,
+    RefusedError,
+    RunError,
     SessionExistsError,
     SessionLockedError,
     SessionNotFoundError,
     StoreError,
+    UsageError,
 )
 from kiso.kernel.events import (
     SCHEMA_VERSION,
@@ -41,6 +46,14 @@ from kiso.kernel.events import (
     event_from_json,
     header_from_json,
     input_sha256,
+)
+from kiso.kernel.execution import (
+    ExecutionId,
+    ReceiptState,
+    Rerunnable,
+    Ruling,
+    is_rerunnable,
+    parse_ruling,
 )
 from kiso.kernel.ids import new_id
 from kiso.kernel.jsonl import JsonlSessionStore, parse_log
@@ -75,6 +88,7 @@ from kiso.kernel.store import SessionLog, SessionStore, SessionWriter
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Aborted",
     "Action",
     "AppendError",
     "ApprovalDecided",
@@ -84,6 +98,7 @@ __all__ = [
     "AwaitApproval",
     "CallModel",
     "Compacted",
+    "ControlSignal",
     "CorruptLogError",
     "Decide",
     "EndRun",
@@ -91,6 +106,7 @@ __all__ = [
     "EventError",
     "Execute",
     "ExecutionFinished",
+    "ExecutionId",
     "ExecutionResolved",
     "ExecutionStarted",
     "Idle",
@@ -101,8 +117,13 @@ __all__ = [
     "Message",
     "ModelRef",
     "Outcome",
+    "ReceiptState",
+    "RefusedError",
+    "Rerunnable",
     "ResolveUncertain",
+    "Ruling",
     "RunEnded",
+    "RunError",
     "RunStarted",
     "SessionExistsError",
     "SessionHeader",
@@ -121,15 +142,18 @@ __all__ = [
     "ToolResultMessage",
     "Uncertain",
     "Usage",
+    "UsageError",
     "User",
     "UserMessage",
     "dumps_messages",
     "event_from_json",
     "header_from_json",
     "input_sha256",
+    "is_rerunnable",
     "kiso_home",
     "new_id",
     "parse_log",
+    "parse_ruling",
     "plan",
     "project",
     "replay",

@@ -7,6 +7,8 @@ import re
 import time
 import uuid
 
+from kiso.kernel.errors import UsageError
+
 __all__ = ["SESSION_ID_PATTERN", "check_session_id", "new_id"]
 
 SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -28,9 +30,9 @@ def new_id() -> str:
 
 
 def check_session_id(session_id: str) -> str:
-    """Return ``session_id`` if it is a legal file name stem, else raise ``ValueError``."""
+    """Return ``session_id`` if it is a legal file name stem, else raise :class:`UsageError`."""
     if not SESSION_ID_PATTERN.fullmatch(session_id):
-        raise ValueError(
+        raise UsageError(
             f"invalid session id {session_id!r}: use 1-128 letters, digits, '.', '_' or '-', "
             f"starting with a letter or digit"
         )

@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from kiso.kernel import ImageBlock
+from kiso.kernel import ImageBlock, UsageError
 from kiso.providers.base import ProviderError
 from kiso.providers.errors import from_sdk_error, from_status, is_context_overflow
 
@@ -175,9 +175,9 @@ class OpenAIBase:
         import openai  # lazily: importing kiso.providers never imports an SDK
 
         if not model:
-            raise ValueError("an OpenAI adapter needs a model name")
+            raise UsageError("an OpenAI adapter needs a model name")
         if max_output_tokens is not None and max_output_tokens <= 0:
-            raise ValueError(f"max_output_tokens must be positive, not {max_output_tokens}")
+            raise UsageError(f"max_output_tokens must be positive, not {max_output_tokens}")
         self._openai: Any = openai
         self.provider = provider or self.DEFAULT_PROVIDER
         self.model = model

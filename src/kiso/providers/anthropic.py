@@ -85,7 +85,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kiso.kernel import TextBlock, ThinkingBlock, ToolCall, Usage
+from kiso.kernel import TextBlock, ThinkingBlock, ToolCall, Usage, UsageError
 from kiso.kernel.events import AssistantBlock
 from kiso.providers import errors
 from kiso.providers._anthropic_wire import build_params
@@ -139,9 +139,9 @@ class AnthropicAdapter:
         default_headers: dict[str, str] | None = None,
     ) -> None:
         if max_output_tokens < 1:
-            raise ValueError(f"max_output_tokens must be positive, not {max_output_tokens}")
+            raise UsageError(f"max_output_tokens must be positive, not {max_output_tokens}")
         if thinking_budget is not None and thinking_budget < 1:
-            raise ValueError(f"thinking_budget must be positive, not {thinking_budget}")
+            raise UsageError(f"thinking_budget must be positive, not {thinking_budget}")
         self.provider = provider
         self.model = model
         self.base_url = base_url

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
-from kiso.kernel import KisoError, Message
+from kiso.kernel import Message, RunError
 from kiso.kernel.events import AssistantBlock, Usage
 
 __all__ = [
@@ -74,7 +74,7 @@ class TurnDone:
 StreamEvent: TypeAlias = TextDelta | ThinkingDelta | TurnDone
 
 
-class ProviderError(KisoError):
+class ProviderError(RunError):
     """A model request failed; ``code`` is short and stable (rate_limit, overloaded, ...)."""
 
     def __init__(

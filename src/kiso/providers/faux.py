@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiso.kernel import KisoError, TextBlock, ThinkingBlock, ToolCall, Usage
+from kiso.kernel import TextBlock, ThinkingBlock, ToolCall, Usage, UsageError
 from kiso.kernel.events import ASSISTANT_STOPS, AssistantBlock
 from kiso.providers.base import (
     ModelRequest,
@@ -52,7 +52,7 @@ __all__ = [
 _TURN_KEYS = frozenset({"text", "thinking", "tool_calls", "stop", "usage", "delay_ms", "error"})
 
 
-class ScriptError(KisoError, ValueError):
+class ScriptError(UsageError):
     """A faux script is malformed; the message names the turn and the key."""
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiso.kernel import KisoError
+from kiso.kernel import UsageError
 from kiso.kernel.layout import make_private_dirs
 
 __all__ = [
@@ -71,7 +71,7 @@ def vendor_for_origin(origin: str) -> Vendor | None:
     return next((v for v in VENDORS.values() if v.origin == origin.lower()), None)
 
 
-class AuthError(KisoError):
+class AuthError(UsageError):
     """A credential problem: the message says which provider and what to do."""
 
 

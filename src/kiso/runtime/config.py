@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kiso.kernel import KisoError
+from kiso.kernel import UsageError
 from kiso.runtime.approvals import MODES
 
 __all__ = ["KINDS", "Config", "ConfigError", "Profile", "load_config"]
@@ -50,7 +50,7 @@ _TOP_KEYS = {"model", "models", "mode", "floor", "theme"}
 _USER_ONLY = {"floor": "the catastrophe floor", "theme": "the terminal theme"}
 
 
-class ConfigError(KisoError):
+class ConfigError(UsageError):
     """A config file is unreadable or invalid; the message names the file and the key."""
 
 

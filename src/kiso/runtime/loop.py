@@ -42,7 +42,7 @@ from kiso.kernel.recovery import plan_replay
 from kiso.providers.base import ModelRequest, ProviderError, TextDelta, ThinkingDelta, TurnDone
 from kiso.runtime import stream as ev
 from kiso.runtime.approvals import CallContext, compose
-from kiso.tools.base import Tool, ToolContext, ToolResult
+from kiso.tools.base import AbortSignal, Tool, ToolContext, ToolResult
 
 if TYPE_CHECKING:
     from kiso.runtime.session import Session
@@ -267,13 +267,18 @@ async def _execute_call(session: Session, run: str, call: ToolCall) -> AsyncIter
         )
     else:
         chunks: asyncio.Queue[str | None] = asyncio.Queue()  # None: the handler is done
+        abort = AbortSignal()
+        if session.abort_requested:
+            abort.set(session.abort_requested)
         ctx = ToolContext(
             workspace=agent.workspace,
             execution_id=started.execution_id,
+            session_id=session.id,
             env=session.child_env,
-            cancelled=lambda: bool(session.abort_requested),
-            on_output=_forward_to(chunks),
+            abort=abort,
+            progress=_forward_to(chunks),
         )
+        session._aborts.add(abort)
         task = asyncio.create_task(_run_tool(tool, call, ctx))
         task.add_done_callback(lambda _: chunks.put_nowait(None))
         try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kiso.kernel import KisoError, ToolCall
+from kiso.kernel import ToolCall, UsageError
 from kiso.kernel.layout import make_private_dirs
 from kiso.tools.base import Effects, Tool
 
@@ -39,7 +39,7 @@ _SHELL_META = re.compile(r"[;&|<>`$()\n\\]")
 PROTECTED_DIRS = (".git", ".kiso")
 
 
-class RulesError(KisoError):
+class RulesError(UsageError):
     """The rules file is malformed; the message names the file and the line."""
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kiso.kernel import (
     ApprovalDecided,
@@ -52,6 +52,7 @@ class Session:
         self._fold = replay(writer.events)
         self._failpoint = Failpoint.from_env()
         self.abort_requested: str | None = None
+        self._aborts: set[Any] = set()
         self.last_model_ms = 0.0
         self.child_env: Mapping[str, str] = {}
         self.mode = agent.mode
@@ -139,6 +140,8 @@ class Session:
         """Stop the current run at the next boundary: a running tool is cancelled (a shell's
         process group is killed) and the run ends ``aborted``. Safe to call from any thread."""
         self.abort_requested = by
+        for signal in list(self._aborts):
+            signal.set(by)
 
     # ------------------------------------------------------------------ answers
 

@@ -20,11 +20,15 @@ without asking (recorded as ``decided_by: "policy:idempotent"``).
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeAlias
+
+from kiso.kernel.errors import UsageError
+from kiso.kernel.execution import is_rerunnable
 
 __all__ = [
     "Effects",
@@ -53,6 +57,37 @@ class ToolResult:
     truncated: bool | None = None
 
 
+class AbortSignal:
+    """Set once, when the run is asked to stop. Safe to read and set from any thread.
+
+    A long-running tool polls :meth:`is_set` (or blocks in :meth:`wait`) and stops, saying so in
+    its result; the runtime also cancels an async tool's task.
+    """
+
+    __slots__ = ("_event", "reason")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: str | None = None
+        """Who asked (``user``, ``timeout``...), once set."""
+
+    def set(self, reason: str = "user") -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until set (or ``timeout`` seconds); whether it is set."""
+        return self._event.wait(timeout)
+
+
+def _ignore(text: str) -> None:
+    return None
+
+
 @dataclass(slots=True)
 class ToolContext:
     """What the runtime hands a tool for one execution."""
@@ -60,13 +95,22 @@ class ToolContext:
     workspace: Path
     """The workspace root; every path a tool touches is resolved inside it (kiso.tools.paths)."""
     execution_id: str
+    """This attempt's id (``<session id>:<seq>``): the key of its receipt."""
+    session_id: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
     """The environment for child processes, with credentials already stripped."""
-    cancelled: Callable[[], bool] = lambda: False
-    """True once the run is being aborted; long-running tools should stop and say so."""
-    on_output: Callable[[str], None] = lambda text: None
-    """Called with chunks of output as the tool produces them (display only; may be called from
-    another thread). What the model reads is still the returned result."""
+    abort: AbortSignal = field(default_factory=AbortSignal)
+    """Set once the run is being aborted; long-running tools should stop and say so."""
+    progress: Callable[[str], None] = _ignore
+    """Report output as the tool produces it (display only, never logged; callable from any
+    thread). What the model reads is still the returned result."""
+    inherit_fds: tuple[int, ...] = ()
+    """File descriptors every process the tool starts must inherit (``pass_fds``): the runtime's
+    liveness guard, which tells a later resume whether those processes may still be running."""
+
+    def cancelled(self) -> bool:
+        """Whether the run is being aborted (``abort.is_set()``)."""
+        return self.abort.is_set()
 
 
 Execute: TypeAlias = Callable[
@@ -85,9 +129,14 @@ class Tool:
     idempotent: bool = False
 
     @property
+    def read_only(self) -> bool:
+        """It changes nothing (``effects="read"``)."""
+        return self.effects is Effects.READ
+
+    @property
     def rerunnable(self) -> bool:
         """Safe to run again after a crash left an execution uncertain."""
-        return self.effects is Effects.READ or self.idempotent
+        return is_rerunnable(self)
 
     @property
     def parallel_safe(self) -> bool:
@@ -138,7 +187,7 @@ def _normalise(name: str, out: Any) -> ToolResult:
             error_kind=out.get("error_kind"),
             truncated=out.get("truncated"),
         )
-    raise TypeError(
+    raise UsageError(
         f"tool {name!r} returned {type(out).__name__}; return a str, a ToolResult or "
         f'{{"content": str, "is_error": bool}}'
     )
@@ -155,7 +204,7 @@ def define_tool(
 ) -> Tool:
     """Declare a tool. ``parameters`` is the JSON Schema of its input object."""
     if not name or not name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"tool name {name!r}: use letters, digits, '_' or '-'")
+        raise UsageError(f"tool name {name!r}: use letters, digits, '_' or '-'")
     if parameters.get("type") != "object":
-        raise ValueError(f"tool {name!r}: parameters must be a JSON Schema with type 'object'")
+        raise UsageError(f"tool {name!r}: parameters must be a JSON Schema with type 'object'")
     return Tool(name, description, parameters, execute, Effects(effects), idempotent)

@@ -17,12 +17,12 @@ import os
 import unicodedata
 from pathlib import Path
 
-from kiso.kernel.errors import KisoError
+from kiso.kernel.errors import RefusedError
 
 __all__ = ["PathOutsideWorkspace", "display_path", "resolve_in_workspace"]
 
 
-class PathOutsideWorkspace(KisoError, ValueError):
+class PathOutsideWorkspace(RefusedError, ValueError):
     """A path was refused: empty, malformed, or its real location is outside the workspace."""
 
     def __init__(self, path: str, workspace: Path | str, reason: str) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiso.kernel.errors import UsageError
 from kiso.tools.base import Effects, Tool, ToolContext, ToolResult, define_tool
 from kiso.tools.env import child_env
 
@@ -94,9 +95,9 @@ def run_command(
     shell to run the command with (``shell -c command``); the default is bash, else sh.
     """
     if timeout_ms <= 0:
-        raise ValueError(f"timeout_ms must be positive, got {timeout_ms}")
+        raise UsageError(f"timeout_ms must be positive, got {timeout_ms}")
     if output_limit < 0:
-        raise ValueError(f"output_limit must be 0 or more, got {output_limit}")
+        raise UsageError(f"output_limit must be 0 or more, got {output_limit}")
     started = time.monotonic()
     capture = _Capture(output_limit)
     if cancelled():
@@ -446,7 +447,7 @@ def _execute_shell(input: dict[str, Any], ctx: ToolContext) -> ToolResult:
             env=env,
             timeout_ms=timeout_ms,
             cancelled=ctx.cancelled,
-            on_output=ctx.on_output,
+            on_output=ctx.progress,
         )
     except OSError as exc:
         return ToolResult(
