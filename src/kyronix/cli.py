@@ -57,7 +57,10 @@ def cli() -> None:
     "resolutions",
     multiple=True,
     metavar="ID=rerun|skipped|applied",
-    help="Settle an uncertain execution after checking what happened, and exit.",
+    help=(
+        "Settle an uncertain execution after checking what happened, and exit "
+        "(skip is accepted for skipped). Repeatable."
+    ),
 )
 def exec_command(
     *,
@@ -73,10 +76,13 @@ def exec_command(
     """Run the tools of a KML plan (a file, or - for standard input) and print the results as
     JSON. Exit status: 0 when every tool succeeded, 1 when one failed, 2 when the plan could not
     be read or parsed (then nothing ran)."""
+    from kiso.kernel.errors import UsageError
+    from kiso.kernel.execution import Ruling, parse_ruling
     from kyronix.executer import (
         ROOT_POLICIES,
         SAFE_POLICIES,
         KmlError,
+        KyronixError,
         KyronixExecuter,
         PermissionManager,
         allow,
@@ -88,48 +94,58 @@ def exec_command(
             raise click.UsageError(
                 f"--allow takes an action such as tool:terminal or net:private, got {action!r}"
             )
+    rulings: list[tuple[str, Ruling]] = []
+    for item in resolutions:
+        eid, _, how = item.partition("=")
+        try:
+            ruling = parse_ruling(how)
+        except UsageError:
+            ruling = None
+        if ruling is None or not eid:
+            raise click.UsageError(
+                f"--resolve takes ID=rerun, ID=skipped (or ID=skip) or ID=applied, got {item!r}"
+            )
+        rulings.append((eid, ruling))
     permissions = PermissionManager((*policies, *(allow(a) for a in allowed)))
     try:
         executer = KyronixExecuter(
             permissions=permissions, receipts=receipts, continue_on_denial=go_on
         )
-    except RuntimeError as exc:
+    except KyronixError as exc:
         raise click.ClickException(str(exc)) from None
     with executer:
-        if uncertain:
-            rows = [
-                {
-                    "executionId": r.execution_id,
-                    "tool": r.tool,
-                    "startedAt": r.started_at,
-                    "pid": r.pid,
-                    "host": r.host,
-                }
-                for r in executer.uncertain_executions(base)
-            ]
-            _print(rows)
-            return
-        if resolutions:
-            for item in resolutions:
-                eid, _, how = item.partition("=")
-                if how not in ("rerun", "skipped", "applied") or not eid:
-                    raise click.UsageError(
-                        f"--resolve takes ID=rerun, ID=skipped or ID=applied, got {item!r}"
-                    )
-                try:
-                    executer.resolve(eid, how, base)  # type: ignore[arg-type]
-                except (KeyError, ValueError) as exc:
-                    raise click.ClickException(str(exc).strip('"')) from None
-                click.echo(f"{eid}: {how}", err=True)
-            return
-        if plan is None:
-            raise click.UsageError("give the KML plan to run (a file, or - for standard input)")
-        text = _read_plan(plan)
         try:
-            results = executer.execute_sync(text, base)
-        except KmlError as exc:
-            click.echo(f"kyronix exec: {plan} is not valid KML {exc}; nothing was run", err=True)
-            sys.exit(2)
+            if uncertain:
+                _print(
+                    [
+                        {
+                            "executionId": r.execution_id,
+                            "tool": r.tool,
+                            "startedAt": r.started_at,
+                            "pid": r.pid,
+                            "host": r.host,
+                        }
+                        for r in executer.uncertain_executions(base)
+                    ]
+                )
+                return
+            if rulings:
+                for eid, ruling in rulings:
+                    executer.resolve(eid, ruling, base)
+                    click.echo(f"{eid}: {ruling.value}", err=True)
+                return
+            if plan is None:
+                raise click.UsageError("give the KML plan to run (a file, or - for standard input)")
+            text = _read_plan(plan)
+            try:
+                results = executer.execute_sync(text, base)
+            except KmlError as exc:
+                click.echo(
+                    f"kyronix exec: {plan} is not valid KML {exc}; nothing was run", err=True
+                )
+                sys.exit(2)
+        except KyronixError as exc:  # a user's error, said in one sentence: no traceback
+            raise click.ClickException(str(exc)) from None
     _print(results)
     if not all(r["result"]["success"] for r in results):
         sys.exit(1)
@@ -137,7 +153,10 @@ def exec_command(
 
 def _read_plan(plan: str) -> str:
     if plan == "-":
-        return sys.stdin.read()
+        try:
+            return sys.stdin.read()
+        except UnicodeDecodeError:
+            raise click.ClickException("the plan on standard input is not UTF-8 text") from None
     try:
         return Path(plan).read_text(encoding="utf-8")
     except OSError as exc:

@@ -25,7 +25,8 @@ Grammar (see the design note, "KML, version 1"):
   else, including the final newline, is kept. Other arguments are stripped (``str.strip``).
   These rules touch raw text only, never CDATA.
 
-Errors are :class:`KmlError` with ``offset`` and ``expected``. The scanner is linear: every
+Errors are :class:`KmlError` (:mod:`kyronix.errors`, the misuse family, also a ``ValueError``)
+with ``offset`` and ``expected``. The scanner is linear: every
 search moves forward, and the next-CDATA position is cached for the whole document.
 """
 
@@ -36,6 +37,8 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from typing import TypedDict
+
+from kyronix.errors import KmlError, KyronixUsageError
 
 __all__ = [
     "BLOCK_ARGS",
@@ -60,20 +63,11 @@ _CDATA_CLOSE = "]]>"
 _TAG_END = frozenset(" \t\r\n>/")
 
 
-class KmlError(ValueError):
-    """A KML text that cannot be executed: malformed, or truncated (nothing may run)."""
-
-    def __init__(self, offset: int, expected: str, detail: str = "") -> None:
-        self.offset = offset
-        self.expected = expected
-        self.detail = detail
-        msg = f"at offset {offset}: expected {expected}"
-        super().__init__(f"{msg} ({detail})" if detail else msg)
-
-
 @dataclass(frozen=True)
 class ToolCall:
-    """One tool call. ``args`` keeps document order.
+    """One tool call. ``args`` keeps document order. ``execution_id`` is the call's
+    ``executionId``: the wire form of :data:`kiso.kernel.execution.ExecutionId`, the key of its
+    receipt (kept a plain ``str`` here so the parser needs nothing but the standard library).
 
     ``assigned`` is True when the id was generated because the tool had none. It is excluded
     from equality: a serialized plan always carries its ids, so they parse back as given
@@ -383,8 +377,9 @@ def serialize(plan: Plan) -> str:
     Block arguments are always CDATA; other values are raw only when they read back unchanged,
     so even unstripped scalars round-trip. The plan must be valid: non-empty tool names and ids,
     unique ids, argument names matching ``[A-Za-z_][A-Za-z0-9_.-]*``, a known status
-    (``ValueError`` otherwise). ``assigned`` is not kept: every id is written, so it parses back
-    as given (``ToolCall`` equality ignores ``assigned``).
+    (:class:`~kyronix.errors.KyronixUsageError`, a ``ValueError``, otherwise). ``assigned`` is
+    not kept: every id is written, so it parses back as given (``ToolCall`` equality ignores
+    ``assigned``).
     """
     out = ["<kyronix>\n"]
     if plan.plan is not None:
@@ -392,21 +387,32 @@ def serialize(plan: Plan) -> str:
     ids: set[str] = set()
     for t in plan.tools:
         if not t.name or not t.execution_id:
-            raise ValueError("a tool needs a non-empty name and execution_id")
+            raise KyronixUsageError(
+                "a tool needs a non-empty name and execution_id to be written as KML"
+            )
         if t.execution_id in ids:
-            raise ValueError(f"duplicate execution_id {t.execution_id!r}")
+            raise KyronixUsageError(
+                f"duplicate execution_id {t.execution_id!r}: an id names one execution; give "
+                f"each tool call its own"
+            )
         ids.add(t.execution_id)
         out.append(f'  <tool name="{_attr(t.name)}" executionId="{_attr(t.execution_id)}">\n')
         for k, v in t.args.items():
             if not _NAME.fullmatch(k):
-                raise ValueError(f"invalid argument name {k!r}")
+                raise KyronixUsageError(
+                    f"invalid argument name {k!r}: a KML argument name is letters, digits, "
+                    f"'_', '.' and '-', starting with a letter or '_'"
+                )
             out.append(f"    <{k}>{_cdata(v) if k in BLOCK_ARGS else _text(v)}</{k}>\n")
         out.append("  </tool>\n")
     if plan.summary is not None:
         out.append(f"  <summary>{_text(plan.summary)}</summary>\n")
     if plan.status is not None:
         if plan.status not in STATUSES:
-            raise ValueError(f"unknown status {plan.status!r}")
+            raise KyronixUsageError(
+                f"unknown status {plan.status!r}; a plan's status is one of "
+                + ", ".join(sorted(STATUSES))
+            )
         out.append(f"  <status>{plan.status}</status>\n")
     out.append("</kyronix>\n")
     return "".join(out)

@@ -9,8 +9,9 @@ bad input and refused paths are ``invalid_input``, a stale ``expectedRevision`` 
 A file's revision is the first 16 hex digits of the SHA-256 of its bytes. read_file, write_file and
 edit_file end their result with ``[rev:<revision>]``; edit_file refuses to write when it is given
 an ``expectedRevision`` that no longer matches, so an edit is never made against stale text.
-Writes are atomic: a temporary file in the same directory, fsync, ``os.replace``, fsync of the
-directory. A reader sees the old bytes or the new, never a mix, and a crash leaves one or the other.
+Writes are atomic (:func:`kiso.tools.atomic.atomic_write`): a temporary file in the same
+directory, fsync, ``os.replace``, fsync of the directory. A reader sees the old bytes or the new,
+never a mix, and a crash leaves one or the other.
 """
 
 from __future__ import annotations
@@ -18,13 +19,11 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
-import os
-import secrets
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kiso.tools.atomic import atomic_write
 from kiso.tools.base import ToolContext, ToolResult
 from kiso.tools.paths import PathOutsideWorkspace, display_path, resolve_in_workspace
 
@@ -68,42 +67,6 @@ _DIFF_BUDGET = 4_000_000
 def revision(data: bytes) -> str:
     """The revision of a file's bytes: the first 16 hex digits of their SHA-256."""
     return hashlib.sha256(data).hexdigest()[:16]
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace the content of ``path`` with ``data`` atomically and durably.
-
-    Writes a temporary file beside ``path``, fsyncs it, renames it over ``path`` and fsyncs the
-    directory. An existing file keeps its permission bits; a new one gets 0o666 minus the umask.
-    On any failure the temporary file is removed and ``path`` is unchanged. The parent directory
-    must exist.
-    """
-    try:
-        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        mode = None
-    directory = path.parent
-    tmp = directory / f".{path.name[:64]}.{secrets.token_hex(6)}.kiso-tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    try:
-        try:
-            if mode is not None:
-                os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,10 +5,28 @@
     executer = KyronixExecuter(permissions=PermissionManager(ROOT_POLICIES))
     results = executer.execute_sync(kml_text, "/path/to/project")
 
-See docs/executer.md.
+The exception tree (:mod:`kyronix.errors`) is exported here too. See docs/executer.md.
 """
 
-from kyronix.executer.executer import CustomHandler, KyronixExecuter
+from kyronix.errors import (
+    KmlError,
+    KyronixError,
+    KyronixRefusedError,
+    KyronixRunError,
+    KyronixSignal,
+    KyronixTypeError,
+    KyronixUsageError,
+    NotUncertainError,
+    ReceiptConflict,
+    ReceiptError,
+    ReceiptStoreError,
+    RunningLoopError,
+    SecurityError,
+    ToolFailure,
+    UnknownExecutionError,
+    UnsupportedError,
+)
+from kyronix.executer.executer import CustomHandler, KyronixExecuter, RulingName
 from kyronix.executer.permissions import (
     ROOT_POLICIES,
     SAFE_POLICIES,
@@ -20,8 +38,7 @@ from kyronix.executer.permissions import (
     deny,
 )
 from kyronix.executer.receipts import Receipt, ReceiptStore
-from kyronix.executer.tools.base import Param, SecurityError, ToolFailure, ToolOutput
-from kyronix.kml import KmlError
+from kyronix.executer.tools.base import Param, ToolOutput, ToolSpec
 
 __all__ = [
     "ROOT_POLICIES",
@@ -29,16 +46,31 @@ __all__ = [
     "CustomHandler",
     "Decision",
     "KmlError",
+    "KyronixError",
     "KyronixExecuter",
+    "KyronixRefusedError",
+    "KyronixRunError",
+    "KyronixSignal",
+    "KyronixTypeError",
+    "KyronixUsageError",
+    "NotUncertainError",
     "Param",
     "PermissionManager",
     "Policy",
     "Receipt",
+    "ReceiptConflict",
+    "ReceiptError",
     "ReceiptStore",
+    "ReceiptStoreError",
+    "RulingName",
+    "RunningLoopError",
     "Sandbox",
     "SecurityError",
     "ToolFailure",
     "ToolOutput",
+    "ToolSpec",
+    "UnknownExecutionError",
+    "UnsupportedError",
     "allow",
     "deny",
 ]

@@ -9,8 +9,12 @@ The pipeline for every ``<tool>`` of an envelope, in document order:
    sandbox (:func:`kiso.tools.paths.resolve_in_workspace`);
 4. **permission** - ``tool:<name>`` is checked for every path (both ends of a move or copy), or
    once for a tool without paths; a refusal is a ``SecurityError`` result;
-5. **run** - a ``started`` receipt is committed (fsynced) before a tool with side effects runs,
-   the handler runs, and the result entry is recorded as its ``finished`` receipt.
+5. **run** - the handler runs and the result entry is recorded as its ``finished`` receipt.
+   What the tool declares (``read_only``, ``idempotent``: :class:`kiso.kernel.execution.Rerunnable`)
+   decides the receipts around it, never a list of names: a tool that is not
+   :func:`~kiso.kernel.execution.is_rerunnable` gets a ``started`` receipt committed (fsynced)
+   before it runs, so a crash leaves it *uncertain*; a rerunnable one gets none, and a crash just
+   means it runs again. A read-only tool's ``finished`` receipt is batched without fsync.
 
 A ``SecurityError`` or an uncertain execution stops the envelope: the later tools are reported as
 skipped and do not run (``continue_on_denial=True`` runs them anyway). Any other failure is that
@@ -36,8 +40,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from kiso.kernel.execution import ExecutionId, ReceiptState, Rerunnable, Ruling, is_rerunnable
+from kyronix.errors import (
+    KyronixTypeError,
+    KyronixUsageError,
+    ReceiptConflict,
+    RunningLoopError,
+    UnsupportedError,
+)
 from kyronix.executer.permissions import (
-    READ_TOOLS,
     SAFE_POLICIES,
     PermissionManager,
     Policy,
@@ -56,10 +67,14 @@ from kyronix.executer.tools.base import (
 )
 from kyronix.kml import Plan, ToolCall, parse
 
-__all__ = ["CustomHandler", "KyronixExecuter"]
+__all__ = ["CustomHandler", "KyronixExecuter", "RulingName"]
 
 CustomHandler = Callable[[dict[str, Any]], Any]
 """A registered tool: ``handler(args) -> result`` (sync or async)."""
+
+RulingName = Literal["rerun", "skipped", "applied"]
+"""The values of :class:`kiso.kernel.execution.Ruling`, spelled out so ``resolve(id, "rerun")``
+type-checks (``resolve`` takes a ``Ruling`` too; a test keeps the two the same)."""
 
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _TRUE = frozenset({"true", "yes", "1", "on"})
@@ -69,8 +84,12 @@ _INT = re.compile(r"[+-]?\d{1,18}")
 
 @dataclass(frozen=True, slots=True)
 class _Custom:
+    """A registered tool; like a :class:`ToolSpec`, a :class:`~kiso.kernel.execution.Rerunnable`."""
+
     handler: CustomHandler
     params: tuple[Param, ...] | None
+    read_only: bool = False
+    idempotent: bool = False
 
 
 class KyronixExecuter:
@@ -93,7 +112,7 @@ class KyronixExecuter:
         env: Mapping[str, str] | None = None,
     ) -> None:
         if ws_url is not None:
-            raise NotImplementedError(
+            raise UnsupportedError(
                 "the WebSocket tunnel (ws_url) arrives with the Kyronix server; run KML locally "
                 "with execute() / execute_sync() or `kyronix exec plan.kml --base DIR` until then"
             )
@@ -110,7 +129,7 @@ class KyronixExecuter:
         self._builtins = builtin_tools()
         self._custom: dict[str, _Custom] = {}
         self._resources = Resources()
-        self._inflight: dict[tuple[str, str], threading.Event] = {}
+        self._inflight: dict[tuple[str, ExecutionId], threading.Event] = {}
         self._inflight_lock = threading.Lock()
 
     # -- tools ---------------------------------------------------------------------------------
@@ -127,29 +146,48 @@ class KyronixExecuter:
         *,
         params: Sequence[Param | str] | None = None,
         replace: bool = False,
+        read_only: bool = False,
+        idempotent: bool = False,
     ) -> None:
         """Add a custom tool. ``handler(args)`` gets a dict of the KML arguments (strings, or the
         declared :class:`Param` types) and returns a dict (``success``, ``output``, ``error``,
         anything else as ``data``) or any value (its text becomes ``output``); it may be async.
-        A built-in cannot be replaced; another custom tool only with ``replace=True``."""
+        A built-in cannot be replaced; another custom tool only with ``replace=True``.
+
+        ``read_only=True`` declares that it changes nothing; ``idempotent=True`` that running it
+        twice has the effect of running it once. Either makes it rerunnable: no fsynced
+        ``started`` receipt before it runs, and after a crash it simply runs again. Without them
+        (the default) it is taken to have effects: a crash mid-call leaves it *uncertain* until a
+        person resolves it. Raises :class:`~kyronix.errors.KyronixUsageError` for a bad or
+        taken name and :class:`~kyronix.errors.KyronixTypeError` for a bad handler or flag."""
         if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
-            raise ValueError(
+            raise KyronixUsageError(
                 f"a tool name is letters, digits, '_', '.' and '-', starting with a letter or "
                 f"'_'; got {name!r}"
             )
         if name in self._builtins:
-            raise ValueError(
+            raise KyronixUsageError(
                 f"{name!r} is a built-in tool and cannot be replaced; register yours under "
                 f"another name"
             )
         if name in self._custom and not replace:
-            raise ValueError(f"a tool named {name!r} is already registered; pass replace=True")
+            raise KyronixUsageError(
+                f"a tool named {name!r} is already registered; pass replace=True"
+            )
         if not callable(handler):
-            raise TypeError(f"the handler for {name!r} must be callable")
+            raise KyronixTypeError(
+                f"the handler for {name!r} must be callable (a function of the args dict), got "
+                f"{type(handler).__name__}"
+            )
+        for flag, value in (("read_only", read_only), ("idempotent", idempotent)):
+            if not isinstance(value, bool):
+                raise KyronixTypeError(
+                    f"{flag}= of {name!r} is True or False, got {type(value).__name__}"
+                )
         declared = None
         if params is not None:
             declared = tuple(p if isinstance(p, Param) else Param(p) for p in params)
-        self._custom[name] = _Custom(handler, declared)
+        self._custom[name] = _Custom(handler, declared, read_only, idempotent)
         self.permissions.register_tool(name)
 
     # -- running -------------------------------------------------------------------------------
@@ -163,8 +201,10 @@ class KyronixExecuter:
     ) -> list[dict[str, Any]]:
         """Run every tool of ``kml`` inside ``base_path`` (default: the current directory).
 
-        Raises :class:`~kyronix.kml.KmlError` (with the offset) when the KML is malformed or
-        truncated: then nothing runs.
+        Raises :class:`~kyronix.errors.KmlError` (with the offset) when the KML is malformed or
+        truncated: then nothing runs. Raises :class:`~kyronix.errors.KyronixUsageError` when
+        ``base_path`` is not a directory and :class:`~kyronix.errors.ReceiptStoreError` when the
+        receipt store cannot be used. A tool's own failure is never raised: it is its result.
         """
         plan = kml if isinstance(kml, Plan) else parse(kml)
         base = _base(base_path)
@@ -174,7 +214,7 @@ class KyronixExecuter:
         batch = _Batch(
             self.receipts,
             str(base),
-            self.receipts.get_many(str(base), [c.execution_id for c in plan.tools]),
+            self.receipts.get_many(str(base), [ExecutionId(c.execution_id) for c in plan.tools]),
         )
         try:
             for call in plan.tools:
@@ -206,7 +246,9 @@ class KyronixExecuter:
         except RuntimeError:
             pass
         else:
-            raise RuntimeError("execute_sync() was called inside an event loop; await execute()")
+            raise RunningLoopError(
+                "execute_sync() was called inside a running event loop; await execute() there"
+            )
         return asyncio.run(self.execute(kml, base_path, continue_on_denial=continue_on_denial))
 
     def uncertain_executions(
@@ -218,16 +260,24 @@ class KyronixExecuter:
     def resolve(
         self,
         execution_id: str,
-        how: Literal["rerun", "skipped", "applied"],
+        how: Ruling | RulingName,
         base_path: str | os.PathLike[str] | None = None,
     ) -> None:
         """Settle an uncertain execution after checking what really happened: ``rerun`` lets the
-        next request run it; ``skipped``/``applied`` record that outcome as its result."""
+        next request run it; ``skipped``/``applied`` record that outcome as its result.
+
+        ``how`` is a :class:`kiso.kernel.execution.Ruling` or its value (``skip`` is only the
+        command line's alias). Raises :class:`~kyronix.errors.UnknownExecutionError` (also a
+        ``KeyError``) for an id with no receipt, :class:`~kyronix.errors.NotUncertainError` for
+        one that is not uncertain, :class:`~kyronix.errors.KyronixUsageError` for another
+        ``how``."""
+        ruling = _ruling(how)
         scope = str(_base(base_path))
-        receipt = self.receipts.get(scope, execution_id)
+        eid = ExecutionId(execution_id)
+        receipt = self.receipts.get(scope, eid)
         entry = None
-        if receipt is not None and how in ("skipped", "applied"):
-            applied = how == "applied"
+        if receipt is not None and ruling is not Ruling.RERUN:
+            applied = ruling is Ruling.APPLIED
             result: dict[str, Any] = {
                 "success": applied,
                 "output": (
@@ -237,13 +287,13 @@ class KyronixExecuter:
                 ),
                 "executionId": execution_id,
                 "ms": 0,
-                "resolved": how,
+                "resolved": ruling.value,
             }
             if not applied:
                 result["error"] = "skipped by a person after the executer was interrupted"
                 result["errorType"] = "Skipped"
             entry = {"tool": receipt.tool, "args": {}, "result": result}
-        self.receipts.resolve(scope, execution_id, how, entry)
+        self.receipts.resolve(scope, eid, ruling, entry)
 
     def close(self) -> None:
         """Stop the browser (if one was started) and close the receipt store."""
@@ -276,10 +326,11 @@ class KyronixExecuter:
 
     async def _run(self, call: ToolCall, base: Path, batch: _Batch) -> dict[str, Any]:
         scope = str(base)
+        eid = ExecutionId(call.execution_id)
         digest = request_hash(call.name, call.args)
         # One execution per id at a time in this process: a duplicate that arrives while the
         # first is running waits for it and gets its result.
-        key = (scope, call.execution_id)
+        key = (scope, eid)
         event = threading.Event()
         with self._inflight_lock:
             running = self._inflight.get(key)
@@ -287,28 +338,37 @@ class KyronixExecuter:
                 self._inflight[key] = event
         if running is not None:
             await asyncio.to_thread(running.wait)
-            batch.known.pop(call.execution_id, None)
-            known = self.receipts.get(scope, call.execution_id)
+            batch.known.pop(eid, None)
+            known = self.receipts.get(scope, eid)
             if known is None:  # it failed before running (denied, bad arguments): evaluate anew
                 return await self._run(call, base, batch)
             return await self._replay(call, known, digest)
         try:
-            return await self._run_claimed(call, base, scope, digest, batch)
+            return await self._run_claimed(call, base, eid, digest, batch)
         finally:
             with self._inflight_lock:
                 self._inflight.pop(key, None)
             event.set()
 
     async def _run_claimed(
-        self, call: ToolCall, base: Path, scope: str, digest: str, batch: _Batch
+        self, call: ToolCall, base: Path, eid: ExecutionId, digest: str, batch: _Batch
     ) -> dict[str, Any]:
         started = time.monotonic()
-        known = batch.known.get(call.execution_id)
-        if known is not None:
-            return await self._replay(call, known, digest)
-
+        scope = str(base)
         spec = self._builtins.get(call.name)
         custom = self._custom.get(call.name) if spec is None else None
+        tool: Rerunnable | None = spec if spec is not None else custom
+        known = batch.known.get(eid)
+        if known is not None and not (
+            # A started row of a tool that is rerunnable now (an older declaration left it)
+            # is not uncertain: the tool is simply run again.
+            known.state is ReceiptState.STARTED
+            and tool is not None
+            and is_rerunnable(tool)
+            and _same_call(call, known, digest)
+        ):
+            return await self._replay(call, known, digest)
+
         if spec is None and custom is None:
             return _failure(
                 call,
@@ -319,6 +379,7 @@ class KyronixExecuter:
                 ),
                 started,
             )
+        assert tool is not None
         params = spec.params if spec is not None else (custom.params if custom else None)
         try:
             args, shown, targets = self._arguments(call, params, base)
@@ -326,12 +387,9 @@ class KyronixExecuter:
         except ToolFailure as failure:
             return _failure(call, dict(call.args), failure, started)
 
-        effectful = call.name not in READ_TOOLS or spec is None
-        if effectful:
+        if not is_rerunnable(tool):
             batch.flush()
-            raced = await asyncio.to_thread(
-                self.receipts.start, scope, call.execution_id, call.name, digest
-            )
+            raced = await asyncio.to_thread(self.receipts.start, scope, eid, call.name, digest)
             if raced is not None:  # another process got there first
                 return await self._replay(call, raced, digest)
         if spec is not None:
@@ -345,39 +403,40 @@ class KyronixExecuter:
                 resources=self._resources,
                 env=self._env if self._env is not None else os.environ,
             )
-            outcome = await _invoke(spec, ctx, inline=not effectful)
+            outcome = await _invoke(spec, ctx, inline=spec.read_only)
         else:
             assert custom is not None
             outcome = await _invoke_custom(custom.handler, args)
         entry = _entry(call, shown, outcome, started)
-        if effectful:
-            await asyncio.to_thread(
-                self.receipts.finish, scope, call.execution_id, call.name, digest, entry
-            )
+        if tool.read_only:
+            batch.add(eid, call.name, digest, entry)
         else:
-            batch.add(call.execution_id, call.name, digest, entry)
+            batch.flush()
+            await asyncio.to_thread(self.receipts.finish, scope, eid, call.name, digest, entry)
         return entry
 
     async def _replay(self, call: ToolCall, known: Receipt, digest: str) -> dict[str, Any]:
-        if known.tool != call.name or known.request_hash != digest:
+        if not _same_call(call, known, digest):
             return _failure(
                 call,
                 dict(call.args),
-                ToolFailure(
+                ReceiptConflict(
                     f"executionId {call.execution_id!r} was already used for a different call "
-                    f"({known.tool}); an id names one execution. Send a new id for a new call",
-                    error_type="ReceiptConflict",
+                    f"({known.tool}); an id names one execution. Send a new id for a new call"
                 ),
                 time.monotonic(),
             )
-        if known.state == "finished" and known.entry is not None:
+        if known.settled:
+            assert known.entry is not None
             return known.entry
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(known.started_at))
+        rulings = " | ".join(repr(r.value) for r in Ruling)
         message = (
             f"{call.name} ({call.execution_id}) started at {when} (pid {known.pid} on "
             f"{known.host}) and never finished, so it may or may not have taken effect. It will "
             f"not be run again automatically: check, then resolve it with "
-            f"executer.resolve({call.execution_id!r}, 'rerun' | 'skipped' | 'applied', base_path)"
+            f"executer.resolve({call.execution_id!r}, {rulings}, base_path) or "
+            f"kyronix exec --resolve {call.execution_id}=<ruling>"
         )
         result: dict[str, Any] = {
             "success": False,
@@ -451,15 +510,15 @@ class KyronixExecuter:
 class _Batch:
     """One envelope's view of the receipts: the rows known when it began (one query), and the
     receipts of read-only calls, written together (without fsync) at the end of the envelope or
-    before the next call with side effects."""
+    before the next receipt that is fsynced (which makes them durable too)."""
 
-    def __init__(self, store: ReceiptStore, scope: str, known: dict[str, Receipt]) -> None:
+    def __init__(self, store: ReceiptStore, scope: str, known: dict[ExecutionId, Receipt]) -> None:
         self.store = store
         self.scope = scope
         self.known = known
-        self._pending: list[tuple[str, str, str, dict[str, Any]]] = []
+        self._pending: list[tuple[ExecutionId, str, str, dict[str, Any]]] = []
 
-    def add(self, execution_id: str, tool: str, digest: str, entry: dict[str, Any]) -> None:
+    def add(self, execution_id: ExecutionId, tool: str, digest: str, entry: dict[str, Any]) -> None:
         self._pending.append((execution_id, tool, digest, entry))
 
     def flush(self) -> None:
@@ -471,13 +530,31 @@ class _Batch:
 def _base(base_path: str | os.PathLike[str] | None) -> Path:
     raw = os.fspath(base_path) if base_path is not None else os.getcwd()
     if not isinstance(raw, str) or not raw or "\x00" in raw:
-        raise ValueError(f"base_path must be a directory path, got {base_path!r}")
+        raise KyronixUsageError(f"base_path must be a directory path, got {base_path!r}")
     real = Path(os.path.realpath(raw))
     if not real.is_dir():
-        raise ValueError(
+        raise KyronixUsageError(
             f"base_path {raw!r} is not an existing directory; create it or pass the project root"
         )
     return real
+
+
+def _ruling(how: object) -> Ruling:
+    """``how`` as a :class:`Ruling`: the enum or one of its values (the API has no aliases)."""
+    if isinstance(how, Ruling):
+        return how
+    if isinstance(how, str):
+        try:
+            return Ruling(how)
+        except ValueError:
+            pass
+    choices = ", ".join(repr(r.value) for r in Ruling)
+    raise KyronixUsageError(f"resolve an uncertain execution with one of {choices}, not {how!r}")
+
+
+def _same_call(call: ToolCall, known: Receipt, digest: str) -> bool:
+    """Whether a receipt records this call (the same tool and raw arguments)."""
+    return known.tool == call.name and known.request_hash == digest
 
 
 def _rel(path: Path, base: Path) -> str:

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kiso.tools.paths import PathOutsideWorkspace, resolve_in_workspace
+from kyronix.errors import KyronixTypeError, KyronixUsageError
+from kyronix.executer.tools import files as file_tools
 
 __all__ = [
     "READ_TOOLS",
@@ -45,17 +47,12 @@ __all__ = [
     "deny",
 ]
 
-READ_TOOLS = ("read_file", "read_lines", "list_dir")
-WRITE_TOOLS = (
-    "write_file",
-    "delete_file",
-    "move_file",
-    "copy_file",
-    "create_dir",
-    "write_in_between",
-    "modify_line_between",
-    "delete_line",
-)
+READ_TOOLS: tuple[str, ...] = tuple(s.name for s in file_tools.TOOLS if s.read_only)
+"""The file tools that declare ``read_only`` (read_file, list_dir, read_lines): ``SAFE_POLICIES``
+let them read anywhere inside the base, protected files included."""
+WRITE_TOOLS: tuple[str, ...] = tuple(s.name for s in file_tools.TOOLS if not s.read_only)
+"""The other file tools: ``SAFE_POLICIES`` let them change files inside the base, except the
+protected ones."""
 
 # Files an agent must not write under SAFE_POLICIES: the repository's internals, environment files
 # and private keys (matched against each path component).
@@ -92,9 +89,9 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.effect not in ("allow", "deny"):
-            raise ValueError(f"a policy's effect is 'allow' or 'deny', not {self.effect!r}")
+            raise KyronixUsageError(f"a policy's effect is 'allow' or 'deny', not {self.effect!r}")
         if not isinstance(self.action, str) or not self.action:
-            raise ValueError("a policy needs an action pattern such as 'tool:write_file'")
+            raise KyronixUsageError("a policy needs an action pattern such as 'tool:write_file'")
 
     def matches(self, action: str, path: str | None) -> bool:
         return fnmatchcase(action, self.action) and self.applies_to(path)
@@ -195,7 +192,7 @@ class PermissionManager:
         self.base = os.path.realpath(base) if base is not None else None
         for p in self.policies:
             if not isinstance(p, Policy):
-                raise TypeError(
+                raise KyronixTypeError(
                     f"PermissionManager takes Policy objects (see ROOT_POLICIES, SAFE_POLICIES, "
                     f"allow() and deny()), got {type(p).__name__}"
                 )
@@ -267,7 +264,7 @@ def _resolve(base: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path
     """The real absolute path, or :class:`~kiso.tools.paths.PathOutsideWorkspace`."""
     raw = os.fspath(path)
     if not isinstance(raw, str):
-        raise TypeError("a path must be text, not bytes")
+        raise KyronixTypeError(f"a path must be text, not {type(raw).__name__}")
     return resolve_in_workspace(Path(os.fspath(base)), raw)
 
 

@@ -1,24 +1,32 @@
 """The executer's durable receipts: one row per ``executionId``, so nothing runs twice.
 
-The same rule as kiso's session log (DURABILITY.md), kept in SQLite because an executer serves
-many envelopes and connections over its life, not one append-only session:
+The same rule as kiso's session log (DURABILITY.md), in the same vocabulary
+(:mod:`kiso.kernel.execution`: :data:`~kiso.kernel.execution.ExecutionId`,
+:class:`~kiso.kernel.execution.ReceiptState`, :class:`~kiso.kernel.execution.Ruling`), kept in
+SQLite because an executer serves many envelopes and connections over its life, not one
+append-only session:
 
 - before a tool with side effects runs, a ``started`` row is committed and fsynced;
 - after it returns (success or failure), the row becomes ``finished`` with the whole result entry;
 - a request whose id is ``finished`` gets the stored entry back and nothing runs;
 - a request whose id is ``started`` but not finished (the executer died mid-tool) is *uncertain*:
-  it is reported, never re-run automatically, until someone calls :meth:`ReceiptStore.resolve`.
+  it is reported, never re-run automatically, until someone calls :meth:`ReceiptStore.resolve`
+  (``rerun`` forgets the row; ``skipped`` / ``applied`` make it ``resolved``, with the entry
+  later requests get back).
 
 Rows are keyed by ``(scope, execution_id)``; the scope is the real base path, so two projects on
 one machine cannot replay each other's results. Each row also keeps a hash of the request (tool
 name and raw arguments): the same id sent with a different call is a conflict, not a replay.
 
-Read-only tools (``read_file``, ``read_lines``, ``list_dir``) skip the ``started`` row: re-running a
-read is harmless, so an interrupted read is simply run again. Their ``finished`` row is written
-without waiting for fsync (it survives a process crash, just not a power cut, and losing it only
-means the read runs again).
+Which rows a call gets is decided by what its tool declares (``read_only``, ``idempotent``; see
+:class:`~kiso.kernel.execution.Rerunnable`), never by a list of names: the executer skips the
+``started`` row of a rerunnable tool (an interrupted one is simply run again), and writes the
+``finished`` row of a read-only one without waiting for fsync (:meth:`ReceiptStore.finish_many`:
+it survives a process crash, not a power cut, and losing it only means the read runs again).
 
 The database runs in WAL mode with ``synchronous=FULL`` for the rows that guard side effects.
+Its layout is versioned (``PRAGMA user_version``); a store written before the version was kept
+(whose state column allowed only ``started`` and ``finished``) is migrated when it is opened.
 """
 
 from __future__ import annotations
@@ -30,25 +38,37 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+
+from kiso.kernel.execution import ExecutionId, ReceiptState, Ruling
+from kyronix.errors import NotUncertainError, ReceiptStoreError, UnknownExecutionError
 
 __all__ = [
+    "SCHEMA_VERSION",
     "Receipt",
     "ReceiptStore",
     "default_receipts_path",
     "request_hash",
 ]
 
-_SCHEMA = """
+SCHEMA_VERSION = 1
+"""The layout of the receipts table (``PRAGMA user_version``). 0: the first layout, whose state
+column allowed ``started`` and ``finished`` only. 1: the state column allows every
+:class:`~kiso.kernel.execution.ReceiptState` (``resolved`` is new)."""
+
+_STATES = ", ".join(f"'{state.value}'" for state in ReceiptState)
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS receipts (
     scope        TEXT NOT NULL,
     execution_id TEXT NOT NULL,
     tool         TEXT NOT NULL,
     request_hash TEXT NOT NULL,
-    state        TEXT NOT NULL CHECK (state IN ('started', 'finished')),
+    state        TEXT NOT NULL CHECK (state IN ({_STATES})),
     started_at   REAL NOT NULL,
     finished_at  REAL,
     pid          INTEGER NOT NULL,
@@ -58,14 +78,15 @@ CREATE TABLE IF NOT EXISTS receipts (
 ) WITHOUT ROWID
 """
 
-_UPSERT_FINISHED = (
-    "INSERT INTO receipts (scope, execution_id, tool, request_hash, state, started_at,"
-    " finished_at, pid, host, entry) VALUES (?, ?, ?, ?, 'finished', ?, ?, ?, ?, ?)"
-    " ON CONFLICT (scope, execution_id) DO UPDATE SET state = 'finished',"
-    " finished_at = excluded.finished_at, entry = excluded.entry"
+_COLUMNS = (
+    "scope, execution_id, tool, request_hash, state, started_at, finished_at, pid, host, entry"
 )
 
-Resolution = Literal["rerun", "skipped", "applied"]
+_UPSERT = (
+    f"INSERT INTO receipts ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (scope, execution_id) DO UPDATE SET state = excluded.state,"
+    " finished_at = excluded.finished_at, entry = excluded.entry"
+)
 
 
 def default_receipts_path() -> Path:
@@ -82,96 +103,145 @@ def request_hash(tool: str, args: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
+    """One execution as the store records it."""
+
     scope: str
-    execution_id: str
+    execution_id: ExecutionId
     tool: str
     request_hash: str
-    state: Literal["started", "finished"]
+    state: ReceiptState
     started_at: float
     finished_at: float | None
     pid: int
     host: str
     entry: dict[str, Any] | None
 
+    @property
+    def settled(self) -> bool:
+        """It finished, or a person ruled on it: its entry is what later requests get back."""
+        return self.state is not ReceiptState.STARTED and self.entry is not None
+
 
 class ReceiptStore:
-    """SQLite receipts; safe to share between threads and between processes."""
+    """SQLite receipts; safe to share between threads and between processes.
+
+    Raises :class:`~kyronix.errors.ReceiptStoreError` when the file cannot be opened, read or
+    written (the message names the file and what to do).
+    """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         target = Path(path) if path is not None else default_receipts_path()
         self.path = target
-        if str(target) != ":memory:":
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        memory = str(target) == ":memory:"
         self._lock = threading.Lock()
         try:
+            if not memory:
+                target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._db = sqlite3.connect(
                 str(target), timeout=30, isolation_level=None, check_same_thread=False
             )
+        except (OSError, sqlite3.Error) as exc:
+            raise ReceiptStoreError(
+                f"cannot open the receipt store {target}: {_reason(exc)}. Pass receipts= (kyronix "
+                f"exec --receipts) a file in a directory you can write, or set KYRONIX_HOME"
+            ) from None
+        try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            raise RuntimeError(
+            _migrate(self._db, target)
+            if not memory:
+                os.chmod(target, 0o600)
+        except ReceiptStoreError:
+            self._db.close()
+            raise
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise ReceiptStoreError(
                 f"cannot open the receipt store {target}: {exc}. Move the file aside (it holds "
-                f"which tool executions already ran) or pass receipts= another path"
+                f"which tool executions already ran) or pass receipts= (kyronix exec --receipts) "
+                f"another path"
             ) from None
-        if str(target) != ":memory:":
-            os.chmod(target, 0o600)
+        except OSError as exc:
+            self._db.close()
+            raise ReceiptStoreError(
+                f"cannot open the receipt store {target}: {_reason(exc)}"
+            ) from None
         self._host = socket.gethostname()
+
+    @contextmanager
+    def _using(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """The connection, under the store's lock, with SQLite's errors said in one sentence."""
+        with self._lock:
+            try:
+                yield self._db
+            except sqlite3.Error as exc:
+                raise ReceiptStoreError(
+                    f"the receipt store {self.path} could not {doing}: {exc}. If another "
+                    f"executer holds it, wait for it; if the disk is full, free some space"
+                ) from None
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def get(self, scope: str, execution_id: str) -> Receipt | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT scope, execution_id, tool, request_hash, state, started_at, finished_at,"
-                " pid, host, entry FROM receipts WHERE scope = ? AND execution_id = ?",
+    def get(self, scope: str, execution_id: ExecutionId) -> Receipt | None:
+        with self._using("read a receipt") as db:
+            row = db.execute(
+                f"SELECT {_COLUMNS} FROM receipts WHERE scope = ? AND execution_id = ?",
                 (scope, execution_id),
             ).fetchone()
         return _receipt(row) if row else None
 
-    def get_many(self, scope: str, execution_ids: Sequence[str]) -> dict[str, Receipt]:
+    def get_many(
+        self, scope: str, execution_ids: Sequence[ExecutionId]
+    ) -> dict[ExecutionId, Receipt]:
         """The receipts among ``execution_ids`` (one query per 500 ids)."""
-        found: dict[str, Receipt] = {}
+        found: dict[ExecutionId, Receipt] = {}
         ids = list(dict.fromkeys(execution_ids))
-        with self._lock:
+        with self._using("read receipts") as db:
             for i in range(0, len(ids), 500):
                 chunk = ids[i : i + 500]
                 marks = ",".join("?" * len(chunk))
-                rows = self._db.execute(
-                    "SELECT scope, execution_id, tool, request_hash, state, started_at,"
-                    " finished_at, pid, host, entry FROM receipts WHERE scope = ? AND"
+                rows = db.execute(
+                    f"SELECT {_COLUMNS} FROM receipts WHERE scope = ? AND"
                     f" execution_id IN ({marks})",
                     (scope, *chunk),
                 ).fetchall()
                 for row in rows:
-                    found[row[1]] = _receipt(row)
+                    receipt = _receipt(row)
+                    found[receipt.execution_id] = receipt
         return found
 
     def uncertain(self, scope: str | None = None) -> list[Receipt]:
         """Executions that started and never finished (oldest first)."""
-        query = (
-            "SELECT scope, execution_id, tool, request_hash, state, started_at, finished_at,"
-            " pid, host, entry FROM receipts WHERE state = 'started'"
-        )
-        params: tuple[str, ...] = ()
+        query = f"SELECT {_COLUMNS} FROM receipts WHERE state = ?"
+        params: tuple[str, ...] = (ReceiptState.STARTED.value,)
         if scope is not None:
             query += " AND scope = ?"
-            params = (scope,)
-        with self._lock:
-            rows = self._db.execute(query + " ORDER BY started_at", params).fetchall()
+            params = (*params, scope)
+        with self._using("list uncertain executions") as db:
+            rows = db.execute(query + " ORDER BY started_at", params).fetchall()
         return [_receipt(r) for r in rows]
 
     # -- writes --------------------------------------------------------------------------------
 
-    def start(self, scope: str, execution_id: str, tool: str, digest: str) -> Receipt | None:
+    def start(
+        self, scope: str, execution_id: ExecutionId, tool: str, digest: str
+    ) -> Receipt | None:
         """Commit (and fsync) a ``started`` row. Returns None when it was written, or the row that
         was already there (another process, or an earlier life of this one, got there first)."""
-        with self._lock:
-            cursor = self._db.execute(
+        with self._using("record that a tool started") as db:
+            cursor = db.execute(
                 "INSERT INTO receipts (scope, execution_id, tool, request_hash, state, started_at,"
-                " pid, host) VALUES (?, ?, ?, ?, 'started', ?, ?, ?) ON CONFLICT DO NOTHING",
-                (scope, execution_id, tool, digest, time.time(), os.getpid(), self._host),
+                " pid, host) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (
+                    scope,
+                    execution_id,
+                    tool,
+                    digest,
+                    ReceiptState.STARTED.value,
+                    time.time(),
+                    os.getpid(),
+                    self._host,
+                ),
             )
             inserted = cursor.rowcount == 1
         return None if inserted else self.get(scope, execution_id)
@@ -179,93 +249,162 @@ class ReceiptStore:
     def finish(
         self,
         scope: str,
-        execution_id: str,
+        execution_id: ExecutionId,
         tool: str,
         digest: str,
         entry: Mapping[str, Any],
         *,
         durable: bool = True,
+        state: ReceiptState = ReceiptState.FINISHED,
     ) -> None:
-        """Record the result entry. ``durable=False`` (read-only tools) skips the fsync."""
-        blob = json.dumps(entry, ensure_ascii=False, separators=(",", ":"))
+        """Record the result entry (``state`` ``finished``, or ``resolved`` for a ruling).
+        ``durable=False`` (read-only tools) skips the fsync."""
         now = time.time()
-        with self._lock:
+        row = self._row(scope, execution_id, tool, digest, entry, now=now, state=state)
+        with self._using("record a tool's result") as db:
             if not durable:
-                self._db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("PRAGMA synchronous=NORMAL")
             try:
-                self._db.execute(
-                    _UPSERT_FINISHED,
-                    (scope, execution_id, tool, digest, now, now, os.getpid(), self._host, blob),
-                )
+                db.execute(_UPSERT, row)
             finally:
                 if not durable:
-                    self._db.execute("PRAGMA synchronous=FULL")
+                    db.execute("PRAGMA synchronous=FULL")
 
     def finish_many(
-        self, scope: str, rows: Sequence[tuple[str, str, str, Mapping[str, Any]]]
+        self, scope: str, rows: Sequence[tuple[ExecutionId, str, str, Mapping[str, Any]]]
     ) -> None:
         """Record several ``(execution_id, tool, digest, entry)`` results of read-only calls in
         one transaction, without waiting for fsync."""
         now = time.time()
         params = [
-            (
-                scope,
-                eid,
-                tool,
-                digest,
-                now,
-                now,
-                os.getpid(),
-                self._host,
-                json.dumps(entry, ensure_ascii=False, separators=(",", ":")),
-            )
+            self._row(scope, eid, tool, digest, entry, now=now, state=ReceiptState.FINISHED)
             for eid, tool, digest, entry in rows
         ]
-        with self._lock:
-            self._db.execute("PRAGMA synchronous=NORMAL")
+        with self._using("record results") as db:
+            db.execute("PRAGMA synchronous=NORMAL")
             try:
-                self._db.execute("BEGIN")
+                db.execute("BEGIN")
                 try:
-                    self._db.executemany(_UPSERT_FINISHED, params)
+                    db.executemany(_UPSERT, params)
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    db.execute("ROLLBACK")
                     raise
-                self._db.execute("COMMIT")
+                db.execute("COMMIT")
             finally:
-                self._db.execute("PRAGMA synchronous=FULL")
+                db.execute("PRAGMA synchronous=FULL")
 
     def resolve(
-        self, scope: str, execution_id: str, how: Resolution, entry: Mapping[str, Any] | None
+        self,
+        scope: str,
+        execution_id: ExecutionId,
+        ruling: Ruling,
+        entry: Mapping[str, Any] | None,
     ) -> Receipt:
         """Settle an uncertain execution: ``rerun`` forgets it (the next request runs the tool);
-        ``skipped``/``applied`` finish it with ``entry`` (what later requests get back)."""
+        ``skipped``/``applied`` make it ``resolved`` with ``entry`` (what later requests get
+        back). Raises :class:`~kyronix.errors.UnknownExecutionError` for an id with no receipt
+        and :class:`~kyronix.errors.NotUncertainError` for one that is not uncertain."""
         receipt = self.get(scope, execution_id)
         if receipt is None:
-            raise KeyError(f"no execution {execution_id!r} is recorded for {scope}")
-        if receipt.state != "started":
-            raise ValueError(
-                f"execution {execution_id!r} already finished; only an uncertain execution "
-                f"(started, never finished) can be resolved"
+            raise UnknownExecutionError(
+                f"no execution {execution_id!r} is recorded for {scope}; list the uncertain ones "
+                f"with uncertain_executions() (kyronix exec --uncertain --base {scope})"
             )
-        if how == "rerun":
-            with self._lock:
-                self._db.execute(
-                    "DELETE FROM receipts"
-                    " WHERE scope = ? AND execution_id = ? AND state = 'started'",
-                    (scope, execution_id),
+        if receipt.state is not ReceiptState.STARTED:
+            how = (receipt.entry or {}).get("result", {}).get("resolved")
+            done = f"already finished: a person resolved it as {how}" if how else "already finished"
+            raise NotUncertainError(
+                f"execution {execution_id!r} {done}; only an uncertain execution (started, never "
+                f"finished) can be resolved"
+            )
+        if ruling is Ruling.RERUN:
+            with self._using("forget an uncertain execution") as db:
+                db.execute(
+                    "DELETE FROM receipts WHERE scope = ? AND execution_id = ? AND state = ?",
+                    (scope, execution_id, ReceiptState.STARTED.value),
                 )
-        elif how in ("skipped", "applied"):
-            assert entry is not None
-            self.finish(scope, execution_id, receipt.tool, receipt.request_hash, entry)
         else:
-            raise ValueError(f"resolve with 'rerun', 'skipped' or 'applied', not {how!r}")
+            if entry is None:
+                raise NotUncertainError(f"resolving {execution_id!r} as {ruling} needs an entry")
+            self.finish(
+                scope,
+                execution_id,
+                receipt.tool,
+                receipt.request_hash,
+                entry,
+                state=ReceiptState.RESOLVED,
+            )
         return receipt
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
+    def _row(
+        self,
+        scope: str,
+        execution_id: ExecutionId,
+        tool: str,
+        digest: str,
+        entry: Mapping[str, Any],
+        *,
+        now: float,
+        state: ReceiptState,
+    ) -> tuple[Any, ...]:
+        blob = json.dumps(entry, ensure_ascii=False, separators=(",", ":"))
+        pid, host = os.getpid(), self._host
+        return (scope, execution_id, tool, digest, state.value, now, now, pid, host, blob)
+
 
 def _receipt(row: tuple[Any, ...]) -> Receipt:
     entry = json.loads(row[9]) if row[9] is not None else None
-    return Receipt(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], entry)
+    return Receipt(
+        row[0],
+        ExecutionId(row[1]),
+        row[2],
+        row[3],
+        ReceiptState(row[4]),
+        row[5],
+        row[6],
+        row[7],
+        row[8],
+        entry,
+    )
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, FileExistsError | NotADirectoryError):
+        return f"{exc.filename} is not a directory"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc)
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the table to :data:`SCHEMA_VERSION` (in one transaction; other processes wait)."""
+    if db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise ReceiptStoreError(
+                f"the receipt store {path} was written by a newer Kyronix (layout {version}, "
+                f"this one knows {SCHEMA_VERSION}); upgrade kyronix or pass receipts= another path"
+            )
+        if version < SCHEMA_VERSION:
+            old = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'receipts'"
+            ).fetchone()
+            if old is not None:  # layout 0: rebuild the table, whose CHECK cannot be altered
+                db.execute("ALTER TABLE receipts RENAME TO receipts_v0")
+                db.execute(_SCHEMA)
+                db.execute(f"INSERT INTO receipts ({_COLUMNS}) SELECT {_COLUMNS} FROM receipts_v0")
+                db.execute("DROP TABLE receipts_v0")
+            else:
+                db.execute(_SCHEMA)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")

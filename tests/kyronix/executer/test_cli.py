@@ -80,3 +80,59 @@ def test_exec_bad_input_is_a_clear_error(tmp_path: Path, base: Path) -> None:
     assert nobase.returncode == 2 and "does not exist" in nobase.stderr
     for out in (missing, bad_allow, bad_resolve, unknown, nobase):
         assert "Traceback" not in out.stderr
+
+
+def test_resolve_accepts_skip_as_an_alias(tmp_path: Path, base: Path) -> None:
+    from kiso.kernel.execution import ExecutionId
+    from kyronix.executer import ReceiptStore
+    from kyronix.executer.receipts import request_hash
+
+    receipts = tmp_path / "r.sqlite3"
+    args = {"command": "echo ran > ran.txt"}
+    store = ReceiptStore(receipts)
+    store.start(str(base), ExecutionId("t-1"), "terminal", request_hash("terminal", args))
+    store.start(str(base), ExecutionId("t-2"), "terminal", request_hash("terminal", args))
+    store.close()
+    common = ["--base", str(base), "--receipts", str(receipts)]
+    out = _run(KYRONIX, "exec", "--resolve", "t-1=skip", "--resolve", "t-2=applied", *common,
+               home=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == ["t-1: skipped", "t-2: applied"]
+    plan = '<tool name="terminal" executionId="t-1"><command>echo ran > ran.txt</command></tool>'
+    ran = _run(KYRONIX, "exec", "-", "--root", *common, stdin=plan, home=tmp_path)
+    [entry] = json.loads(ran.stdout)
+    assert entry["result"]["resolved"] == "skipped" and ran.returncode == 1
+    assert not (base / "ran.txt").exists()
+    again = _run(KYRONIX, "exec", "--resolve", "t-1=rerun", *common, home=tmp_path)
+    assert again.returncode == 1 and "already finished" in again.stderr
+    assert "Traceback" not in again.stderr
+
+
+def test_user_errors_never_print_a_traceback(tmp_path: Path, base: Path) -> None:
+    junk = tmp_path / "junk.sqlite3"
+    junk.write_bytes(b"not a database" * 100)
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    plan = '<tool name="list_dir"></tool>'
+    cases = {
+        "damaged store": (["--receipts", str(junk)], plan, "receipt store"),
+        "store under a file": (["--receipts", str(a_file / "r.sqlite3")], plan, "receipt store"),
+        "store is a directory": (["--receipts", str(tmp_path)], plan, "is a directory"),
+        "bad ruling": (["--resolve", "x=later"], "", "ID=skipped (or ID=skip)"),
+        "no id": (["--resolve", "=rerun"], "", "ID=rerun"),
+    }
+    for what, (extra, stdin, message) in cases.items():
+        out = _run(KYRONIX, "exec", "-", "--base", str(base), *extra, stdin=stdin, home=tmp_path)
+        assert out.returncode in (1, 2), (what, out)
+        assert message in out.stderr, (what, out.stderr)
+        assert "Traceback" not in out.stderr, (what, out.stderr)
+    binary = subprocess.run(
+        [KYRONIX, "exec", "-", "--base", str(base)],
+        input=b"\xff\xfe<tool name='list_dir'></tool>",
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "KYRONIX_HOME": str(tmp_path), "PYTHONIOENCODING": "utf-8"},
+        check=False,
+    )
+    assert binary.returncode == 1 and b"not UTF-8" in binary.stderr
+    assert b"Traceback" not in binary.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -345,10 +344,8 @@ def test_terminal_runs_in_base_without_credentials(
 
 
 def test_terminal_timeout_kills_the_group(root_executer: KyronixExecuter, base: Path) -> None:
-    started = time.monotonic()
     r = fail(root_executer, base, "terminal", command="sleep 30 & sleep 30; echo never",
              timeout="1")  # fmt: skip
-    assert time.monotonic() - started < 10
     assert r["errorType"] == "Timeout" and r["data"]["timed_out"] is True
     assert "never" not in r["output"]
 

@@ -1,11 +1,14 @@
 """What a built-in (or registered) executer tool is: its parameters, its handler, its outcome.
 
-A tool is a :class:`ToolSpec`: a name, typed :class:`Param` s and a handler. The executer turns
-the KML argument strings into the declared types, resolves every path parameter through the one
-path sandbox (and checks the permission for it) *before* the handler runs, and hands the handler a
-:class:`Call` holding the converted, resolved arguments. A handler returns a :class:`ToolOutput`
-or raises :class:`ToolFailure` (never anything else on purpose: an unexpected exception becomes a
-``ToolError`` result naming it, but is a bug).
+A tool is a :class:`ToolSpec`: a name, typed :class:`Param` s, a handler, and what it declares
+about repeating it (``read_only``, ``idempotent``: a :class:`kiso.kernel.execution.Rerunnable`).
+The executer turns the KML argument strings into the declared types, resolves every path
+parameter through the one path sandbox (and checks the permission for it) *before* the handler
+runs, and hands the handler a :class:`Call` holding the converted, resolved arguments. A handler
+returns a :class:`ToolOutput` or raises :class:`~kyronix.errors.ToolFailure` (never anything
+else on purpose: an unexpected exception becomes a ``ToolError`` result naming it, but is a
+bug). ``ToolFailure`` and ``SecurityError`` live in :mod:`kyronix.errors` and are re-exported
+here.
 
 Handlers may be plain functions (run in a worker thread, so a slow tool never blocks the event
 loop) or coroutine functions (awaited on the executer's loop).
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from kiso.tools.paths import PathOutsideWorkspace, resolve_in_workspace
+from kyronix.errors import SecurityError, ToolFailure
 
 if TYPE_CHECKING:
     from kyronix.executer.permissions import PermissionManager
@@ -41,37 +45,6 @@ __all__ = [
 ParamType = Literal["string", "integer", "boolean", "object", "path", "dir"]
 """``path``: a path resolved inside the base (it may not exist yet). ``dir``: a path that must be
 an existing directory (a ``cwd``). ``object``: a JSON object (``headers``)."""
-
-
-class ToolFailure(Exception):
-    """A tool could not do what was asked. Becomes ``{success: false, error, errorType}``."""
-
-    error_type: str = "ToolError"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        error_type: str | None = None,
-        data: Mapping[str, Any] | None = None,
-        output: str = "",
-        truncated: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.output = output
-        """What the tool printed before it failed (a failing command's output)."""
-        self.truncated = truncated
-        if error_type is not None:
-            self.error_type = error_type
-        self.data = dict(data) if data is not None else None
-
-
-class SecurityError(ToolFailure):
-    """A permission policy or the path sandbox refused the call. Stops the rest of the envelope
-    unless the caller asked to continue."""
-
-    error_type = "SecurityError"
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,14 +127,31 @@ Handler = Callable[[Call], "ToolOutput | Awaitable[ToolOutput]"]
 
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
+    """A tool: its name, parameters and handler, and what it declares about its effects.
+
+    ``read_only`` and ``idempotent`` make it a :class:`kiso.kernel.execution.Rerunnable`, the
+    same declaration kiso's tools make. The executer reads them, never a list of names: a tool
+    that :func:`~kiso.kernel.execution.is_rerunnable` gets no fsynced ``started`` receipt
+    before it runs and is simply run again when a crash interrupted it; any other tool is
+    *uncertain* after such a crash until a person rules on it. A ``read_only`` built-in also
+    runs on the executer's event loop instead of a worker thread (it is quick and touches
+    nothing), and the read-only file tools are the ones ``SAFE_POLICIES`` let read protected
+    files.
+    """
+
     name: str
     params: tuple[Param, ...]
     handler: Handler
     description: str = ""
     builtin: bool = True
     writes: bool = False
-    """Whether the tool changes files (for docs and SAFE_POLICIES; the permission check is by
-    action name, ``tool:<name>``)."""
+    """Whether the tool changes files (for docs; the permission check is by action name,
+    ``tool:<name>``)."""
+    read_only: bool = field(kw_only=True)
+    """It changes nothing, anywhere: running it twice is harmless. Every tool says (no default),
+    so a new built-in cannot be rerunnable by omission."""
+    idempotent: bool = field(kw_only=True)
+    """It has effects, but running it twice has the effect of running it once."""
 
     def param(self, name: str) -> Param | None:
         for p in self.params:

@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from kiso.tools._filecore import atomic_write
+from kiso.tools.atomic import atomic_write
 from kiso.tools.env import child_env
+from kyronix.errors import KyronixUsageError
 from kyronix.executer.tools.base import (
     Call,
     Param,
@@ -741,7 +742,7 @@ def _read_head(conn: socket.socket) -> tuple[bytes | None, bytes]:
 def _split_host_port(authority: str) -> tuple[str, int]:
     host, sep, port = authority.rpartition(":")
     if not sep or not port.isdigit():
-        raise ValueError(f"bad CONNECT target {authority!r}")
+        raise KyronixUsageError(f"bad CONNECT target {authority!r}: expected host:port")
     return host.strip("[]"), int(port)
 
 
@@ -855,12 +856,20 @@ TOOLS: tuple[ToolSpec, ...] = (
             "Open a URL in the headless browser; returns the final URL, HTTP status, title and "
             "the page's structure (roles, names, text)."
         ),
+        # Not read-only: it changes the page click/type act on, and a page load reaches a
+        # server. Idempotent: loading the same URL again (a GET) leaves the browser where one
+        # load does, and after a crash the browser is a new one that must load it again.
+        read_only=False,
+        idempotent=True,
     ),
     ToolSpec(
         "click",
         (Param("selector", "string", description="CSS or Playwright selector"),),
         click,
         description="Click the first element matching the selector on the open page.",
+        # A click may submit, buy, send: the page decides.
+        read_only=False,
+        idempotent=False,
     ),
     ToolSpec(
         "type",
@@ -870,6 +879,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         ),
         type_text,
         description="Fill a field on the open page with text (replacing what it held).",
+        # Filling a field fires input events the page's scripts may act on (autosave).
+        read_only=False,
+        idempotent=False,
     ),
     ToolSpec(
         "screenshot",
@@ -880,5 +892,8 @@ TOOLS: tuple[ToolSpec, ...] = (
             "base64 when no path is given."
         ),
         writes=True,
+        # It may write a PNG (atomically, the whole file): again is the same as once.
+        read_only=False,
+        idempotent=True,
     ),
 )

@@ -15,7 +15,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from kiso.tools._filecore import atomic_write
+from kiso.tools.atomic import atomic_write
 from kyronix.executer.tools.base import (
     Call,
     Param,
@@ -372,13 +372,23 @@ def _p(name: str, type_: str = "path", required: bool = True) -> Param:
 
 
 TOOLS: tuple[ToolSpec, ...] = (
-    ToolSpec("read_file", (_p("path"),), read_file, "Read a whole text file."),
+    ToolSpec(
+        "read_file",
+        (_p("path"),),
+        read_file,
+        "Read a whole text file.",
+        read_only=True,
+        idempotent=False,
+    ),
     ToolSpec(
         "write_file",
         (_p("path"), _p("content", "string")),
         write_file,
         "Create or overwrite a file (parent directories are created).",
         writes=True,
+        # The whole content, written atomically: a second run leaves what one run does.
+        read_only=False,
+        idempotent=True,
     ),
     ToolSpec(
         "delete_file",
@@ -386,6 +396,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         delete_file,
         "Delete a file, or a directory recursively.",
         writes=True,
+        # A second run fails (NotFound), and would delete whatever was put there since.
+        read_only=False,
+        idempotent=False,
     ),
     ToolSpec(
         "move_file",
@@ -393,6 +406,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         move_file,
         "Move or rename a file or directory.",
         writes=True,
+        read_only=False,
+        idempotent=False,
     ),
     ToolSpec(
         "copy_file",
@@ -400,15 +415,27 @@ TOOLS: tuple[ToolSpec, ...] = (
         copy_file,
         "Copy a file or directory.",
         writes=True,
+        # Copying a directory a second time fails: its destination exists by then.
+        read_only=False,
+        idempotent=False,
     ),
     ToolSpec(
         "list_dir",
         (_p("path", required=False),),
         list_dir,
         "List a directory, sorted; directories end with '/'.",
+        read_only=True,
+        idempotent=False,
     ),
     ToolSpec(
-        "create_dir", (_p("path"),), create_dir, "Create a directory (like mkdir -p).", writes=True
+        "create_dir",
+        (_p("path"),),
+        create_dir,
+        "Create a directory (like mkdir -p).",
+        writes=True,
+        # mkdir -p: an existing directory is success, so again is the same as once.
+        read_only=False,
+        idempotent=True,
     ),
     ToolSpec(
         "write_in_between",
@@ -416,6 +443,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         write_in_between,
         "Insert content after line `linebefore` (0 inserts at the top).",
         writes=True,
+        # Line edits are relative: a second run edits again.
+        read_only=False,
+        idempotent=False,
     ),
     ToolSpec(
         "modify_line_between",
@@ -428,6 +458,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         modify_line_between,
         "Replace lines startline..endline (inclusive) with content.",
         writes=True,
+        read_only=False,
+        idempotent=False,
     ),
     ToolSpec(
         "delete_line",
@@ -435,11 +467,15 @@ TOOLS: tuple[ToolSpec, ...] = (
         delete_line,
         "Delete one line ('7') or an inclusive range ('3-5').",
         writes=True,
+        read_only=False,
+        idempotent=False,
     ),
     ToolSpec(
         "read_lines",
         (_p("path"), _p("start", "integer", False), _p("end", "integer", False)),
         read_lines,
         "Read numbered lines start..end (inclusive; end is clamped to the last line).",
+        read_only=True,
+        idempotent=False,
     ),
 )

@@ -608,6 +608,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         handler=git_clone,
         description="Clone a repository with git" + _WRITE_NOTE,
         writes=True,
+        # A second clone refuses the non-empty directory the first made.
+        read_only=False,
+        idempotent=False,
     ),
     ToolSpec(
         name="git_commit",
@@ -618,6 +621,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         handler=git_commit,
         description="Stage every change (git add -A) and commit it" + _WRITE_NOTE,
         writes=True,
+        read_only=False,
+        idempotent=False,
     ),
     ToolSpec(
         name="git_branch",
@@ -629,5 +634,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         handler=git_branch,
         description="Switch to a branch, or create it and switch to it" + _WRITE_NOTE,
         writes=True,
+        # create=true a second time fails: the branch exists.
+        read_only=False,
+        idempotent=False,
     ),
 )

@@ -431,5 +431,8 @@ TOOLS: tuple[ToolSpec, ...] = (
             "Send one HTTP request and return the status, headers and (capped) body; redirects "
             "are followed and private addresses are refused unless net:private allows them."
         ),
+        # A POST (or any method but GET) may act each time it is sent.
+        read_only=False,
+        idempotent=False,
     ),
 )

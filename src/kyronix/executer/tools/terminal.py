@@ -98,5 +98,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         terminal,
         "Run a shell command (own process group, timeout, output cap, no credentials).",
         writes=True,
+        read_only=False,
+        idempotent=False,
     ),
 )
