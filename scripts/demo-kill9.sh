@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # The kill -9 story, twice in a row, each time with a fresh KISO_HOME:
-#   a session edits f1.txt, runs a slow shell command that would create marker.txt, then edits
-#   f3.txt. While the shell runs, the agent's process group and the shell's own group are killed
-#   with SIGKILL, as a machine crash would. `kiso resume` then rules the interrupted command
-#   "skip" and the ORIGINAL trajectory continues: f3.txt is edited, nothing before it repeats,
-#   and marker.txt never appears.
+#   a session edits f1.txt, runs a slow shell command that would create marker.txt 3 s later,
+#   then edits f3.txt. While the shell runs, kiso's own process group is killed with SIGKILL,
+#   `kill -9 -PGID`, as a machine crash would; nothing else is killed by hand. The shell's
+#   supervisor sees kiso die and kills the command: after waiting past the sleep, marker.txt is
+#   still not there. `kiso resume` then rules the interrupted command "skip" and the ORIGINAL
+#   trajectory continues: f3.txt is edited, nothing before it repeats, and marker.txt never
+#   appears.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap >/dev/null
 kiso="$PWD/.venv/bin/kiso"
 
 story() {
-    local home ws log pid pgid shell_groups
+    local home ws log pid pgid shell marker running
     home=$(mktemp -d) ws=$(mktemp -d)
     printf 'OLD\n' > "$ws/f1.txt"
     printf 'OLD\n' > "$ws/f3.txt"
     cat > "$home/script.json" <<'JSON'
 {"turns": [
   {"text": "First file.", "tool_calls": [{"name": "edit_file", "input": {"path": "f1.txt", "edits": [{"oldText": "OLD", "newText": "NEW"}]}}]},
-  {"text": "Now the slow suite.", "tool_calls": [{"name": "shell", "input": {"command": "sleep 30 && touch marker.txt"}}]},
+  {"text": "Now the slow suite.", "tool_calls": [{"name": "shell", "input": {"command": "echo $$ > shell.pid; sleep 3 && touch marker.txt"}}]},
   {"text": "Last file.", "tool_calls": [{"name": "edit_file", "input": {"path": "f3.txt", "edits": [{"oldText": "OLD", "newText": "NEW"}]}}]},
   {"text": "All done."}
 ]}
@@ -30,19 +32,23 @@ JSON
     pid=$!
     for _ in $(seq 1 300); do
         log=$(ls "$home"/projects/*/k9.jsonl 2>/dev/null || true)
-        if [ -n "$log" ] && [ "$(grep -c '"type":"execution_started"' "$log" || true)" -ge 2 ]; then
+        if [ -n "$log" ] && [ "$(grep -c '"type":"execution_started"' "$log" || true)" -ge 2 ] \
+            && [ -s "$ws/shell.pid" ]; then
             break
         fi
         sleep 0.05
     done
-    sleep 0.3
-    pgid=$(ps -o pgid= -p "$pid" | tr -d ' ')
-    shell_groups=$(ps -eo pgid=,args= | awk '/marker.txt/ && /sleep/ && !/awk/ {print $1}' | sort -u)
-    echo "   kill -9 -$pgid (kiso) and -$(echo $shell_groups | tr ' ' ',') (its shell)"
-    kill -9 -- "-$pgid" 2>/dev/null || true
-    for g in $shell_groups; do kill -9 -- "-$g" 2>/dev/null || true; done
+    shell=$(cat "$ws/shell.pid")
+    pgid=$(ps -o pgid= -p "$pid" | tr -d ' ')  # kiso's own group (setsid: the pid we recorded)
+    echo "   the command runs (shell pid $shell); kill -9 -$pgid: kiso's group, nothing else"
+    kill -9 -- "-$pgid"
     wait "$pid" 2>/dev/null || true
-    echo "   after the crash: f1=$(cat "$ws/f1.txt") f3=$(cat "$ws/f3.txt") marker=$([ -e "$ws/marker.txt" ] && echo yes || echo no)"
+    sleep 4.5  # past the 3 s the command sleeps before it would touch marker.txt
+    marker=$([ -e "$ws/marker.txt" ] && echo yes || echo no)
+    running=$(kill -0 "$shell" 2>/dev/null && echo running || echo gone)
+    echo "   after the crash and the sleep: f1=$(cat "$ws/f1.txt") f3=$(cat "$ws/f3.txt")" \
+        "marker=$marker shell=$running"
+    [ "$marker" = no ] && [ "$running" = gone ]
     echo "   kiso resume k9 --resolve skip"
     (cd "$ws" && "$kiso" resume k9 --resolve skip --mode bypass < /dev/null)
     echo "   after the resume: f1=$(cat "$ws/f1.txt") f3=$(cat "$ws/f3.txt") marker=$([ -e "$ws/marker.txt" ] && echo yes || echo no)"

@@ -1,4 +1,5 @@
-"""scripts/demo-kill9.sh tells the kill -9 story twice, each time with a fresh KISO_HOME."""
+"""scripts/demo-kill9.sh tells the kill -9 story twice, each time with a fresh KISO_HOME: only
+kiso's process group is killed, and the command it was running dies with it."""
 
 from __future__ import annotations
 
@@ -20,5 +21,8 @@ def test_the_kill9_demo_script_succeeds_twice_in_a_row() -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("kill -9 -") == 2  # one kill a round: kiso's group, nothing else
+    crashed = "after the crash and the sleep: f1=NEW f3=OLD marker=no shell=gone"
+    assert out.stdout.count(crashed) == 2
     assert out.stdout.count("after the resume: f1=NEW f3=NEW marker=no") == 2
     assert "both rounds" in out.stdout

@@ -1,14 +1,15 @@
 """THE STORY, as a person lives it: the interactive session in a real PTY approves an edit and a
-slow shell command, and is killed with SIGKILL mid-command (the agent's process group and the
-shell's own, as a machine crash would). A new session in a new PTY asks the one question the crash
-made unknowable; "skip it" continues the original trajectory without repeating anything."""
+slow shell command, and is killed with SIGKILL mid-command: ``kill -9 -PGID`` of the agent's own
+process group, nothing else, as a machine crash would. The shell's supervisor sees kiso die and
+kills the command, so its marker never appears, even after the sleep before it would have ended. A
+new session in a new PTY asks the one question the crash made unknowable; "skip it" continues the
+original trajectory without repeating anything."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,7 +19,8 @@ from kiso.kernel.recovery import ResolveUncertain
 from tests.cli.test_repl import ENTER, Term, chat
 
 EDIT = {"edits": [{"oldText": "OLD", "newText": "NEW"}]}
-SLOW = "sleep 30 && touch marker.txt"
+SLEEP_S = 3
+SLOW = f"echo $$ > shell.pid; sleep {SLEEP_S} && touch marker.txt"
 SCRIPT = {
     "turns": [
         {"tool_calls": [{"name": "edit_file", "input": {"path": "f1.txt", **EDIT}}]},
@@ -29,22 +31,26 @@ SCRIPT = {
 }
 
 
-def shell_groups(ws: Path) -> set[int]:
-    """Process groups of running commands in ``ws`` that would create the marker."""
-    out = subprocess.run(
-        ["ps", "-eo", "pid=,pgid=,args="], capture_output=True, text=True, check=True
-    ).stdout
-    groups = set()
-    for line in out.splitlines():
-        pid, pgid, args = line.split(None, 2)
-        if "marker.txt" in args and "sleep" in args and "ps -eo" not in args:
-            try:
-                where = os.readlink(f"/proc/{pid}/cwd")
-            except OSError:
-                continue
-            if where == os.path.realpath(ws):
-                groups.add(int(pgid))
-    return groups
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+def shell_pid(ws: Path) -> int | None:
+    """The pid the slow command wrote when it started, once it is there."""
+    path = ws / "shell.pid"
+    text = path.read_text() if path.exists() else ""
+    return int(text) if text.endswith("\n") else None
 
 
 def log_text(home: Path) -> str:
@@ -61,7 +67,6 @@ def test_kill9_in_the_pty_then_resume_asks_once_and_continues(tmp_path: Path) ->
     argv = chat("k9", "default")
 
     first = Term(argv, cwd=ws, home=home, script=script)
-    groups: set[int] = set()
     try:
         first.wait_for("▸ default")
         first.send("edit, run the suite, edit" + ENTER)
@@ -72,24 +77,22 @@ def test_kill9_in_the_pty_then_resume_asks_once_and_continues(tmp_path: Path) ->
         first.send(ENTER)
 
         def started() -> bool:
-            nonlocal groups
-            groups = shell_groups(ws)
-            return log_text(home).count('"type":"execution_started"') == 2 and bool(groups)
+            executions = log_text(home).count('"type":"execution_started"')
+            return executions == 2 and shell_pid(ws) is not None
 
         first.wait(started, 15, "the shell to start")
-        first.wait_for("● shell sleep 30")  # the live card of the running call
-        os.killpg(first.child.pid, signal.SIGKILL)  # the agent's whole process group
-        for group in groups:  # and the shell's own group
-            os.killpg(group, signal.SIGKILL)
+        shell_started = time.monotonic()
+        shell = shell_pid(ws)
+        assert shell is not None and alive(shell)
+        first.wait_for(f"● shell echo $$ > shell.pid; sleep {SLEEP_S}")  # the live card
+        os.killpg(first.child.pid, signal.SIGKILL)  # kill -9 -PGID: the agent's group, only
         first.wait(lambda: first.eof, 10, "the PTY to close")
     finally:
         first.close()
-        for group in shell_groups(ws):
-            os.killpg(group, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while shell_groups(ws) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not shell_groups(ws)
+    # Wait until the command would have touched the marker, and then some.
+    time.sleep(max(0.0, shell_started + SLEEP_S + 1.5 - time.monotonic()))
+    assert not (ws / "marker.txt").exists(), "the command went on after kiso died"
+    assert not alive(shell)
 
     log = JsonlSessionStore(home).load("k9")
     action = plan(log.events, rerunnable={"read_file", "list_dir", "search_text"})

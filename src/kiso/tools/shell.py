@@ -4,36 +4,55 @@ Guarantees of :func:`run_command`:
 
 * the command runs as ``/bin/bash -c command`` (``/bin/sh`` when bash is missing) in its own
   process group and session, with stdin from ``/dev/null``, so it can neither read the caller's
-  terminal nor wait for input;
+  terminal nor wait for input. It is started, watched and stopped by a small supervisor process
+  (:mod:`kiso.tools.supervisor`, a stdlib-only script run with ``python -I -S``) that lives in a
+  session of its own, so a signal to kiso's process group reaches neither of them;
 * stdout and stderr are merged and read by a thread while the command runs, so a chatty child never
   blocks on a full pipe; only the head and the tail of the output are kept (half the limit each),
   the middle is replaced by one ``[... N bytes omitted ...]`` line and the true total is reported;
 * ``on_output``, when given, is called from the reader thread with each chunk as it is read,
   decoded incrementally (a character split across reads arrives whole); it is for display only,
   and an exception it raises is swallowed;
-* on timeout or cancellation (``cancelled`` is polled every 50 ms) the whole process group is
+* on timeout or cancellation (``cancelled`` is polled every 50 ms) every process of the command is
   killed: SIGTERM, up to 1 s for it to go, then SIGKILL. Processes the command leaves running in
-  the background when it exits are killed the same way. Either way, when the call returns no
-  process of the group is alive (zombies waiting for init to reap them are not alive). A process
-  that started its own session (``setsid``) has left the group and is beyond reach.
+  the background when it exits are killed the same way (``strays_killed``). Either way, when the
+  call returns no process of the command is alive (zombies waiting for init to reap them are not
+  alive). The exit status is the shell's, ``-signal`` when a signal ended it;
+* **a killed kiso leaves nothing running**: the supervisor holds the read end of a pipe whose only
+  write end is kiso's, so when kiso dies, by SIGKILL too, it sees end-of-file (on Linux
+  ``PR_SET_PDEATHSIG`` tells it as well) and SIGKILLs every process of the command at once;
+* "every process of the command" is, on Linux, every descendant of the supervisor: it is a child
+  subreaper (``PR_SET_CHILD_SUBREAPER``), so a process that double-forks or calls ``setsid`` to
+  leave the group is re-parented to it and found through ``/proc``. Elsewhere (macOS: no
+  ``prctl``, no ``/proc``) it is the command's process group, and a process that starts its own
+  session escapes; kiso's death is still noticed through the pipe;
+* ``pass_fds`` are inherited by the supervisor and the command (and by whatever they start and do
+  not close): the runtime passes its liveness guard (:mod:`kiso.runtime.liveness`) this way.
+
+What still escapes is a process started through another service (``systemd-run``, ``at``, a
+daemon, ``ssh``, a container engine): it is nobody's descendant. docs/shell.md says what contains
+that (bubblewrap).
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import os
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kiso.kernel.errors import UsageError
+from kiso.tools import supervisor
 from kiso.tools.base import Effects, Tool, ToolContext, ToolResult, define_tool
 from kiso.tools.env import child_env
 
@@ -43,6 +62,7 @@ __all__ = [
     "MAX_TIMEOUT_MS",
     "SHELL",
     "CommandResult",
+    "SupervisorError",
     "format_command_result",
     "run_command",
 ]
@@ -52,9 +72,10 @@ MAX_TIMEOUT_MS = 600_000
 DEFAULT_OUTPUT_LIMIT = 30_000
 
 _POLL_S = 0.05
-_TERM_GRACE_S = 1.0
-_KILL_WAIT_S = 2.0
-_DRAIN_GRACE_S = 0.2
+_TERM_GRACE_S = supervisor.TERM_GRACE_S
+_KILL_WAIT_S = supervisor.KILL_WAIT_S
+_FINISH_S = supervisor.STRAY_GRACE_S + _TERM_GRACE_S + _KILL_WAIT_S + 5.0
+"""How long the supervisor may take, once the shell ended or was stopped, to clear everything."""
 _READ_CHUNK = 65_536
 
 
@@ -86,84 +107,207 @@ def run_command(
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
     on_output: Callable[[str], None] | None = None,
     shell: str | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> CommandResult:
     """Run ``command`` in a shell and return what it did; see the module docstring.
 
-    Raises ValueError for a non-positive ``timeout_ms``, a negative ``output_limit`` or a NUL byte
-    in ``command``, and OSError when the shell cannot be started (for example a missing ``cwd``).
-    If ``cancelled()`` is already true nothing is started. ``shell`` is the absolute path of the
-    shell to run the command with (``shell -c command``); the default is bash, else sh.
+    Raises ValueError for a non-positive ``timeout_ms``, a negative ``output_limit``, a NUL byte
+    in ``command`` or a ``pass_fds`` entry below 3, and OSError when the shell cannot be started
+    (for example a missing ``cwd``, or a ``shell`` that does not exist). If ``cancelled()`` is
+    already true nothing is started. ``shell`` is the absolute path of the shell to run the
+    command with (``shell -c command``); the default is bash, else sh. ``pass_fds`` are open file
+    descriptors the supervisor and the command inherit (the runtime's liveness guard).
     """
     if timeout_ms <= 0:
         raise UsageError(f"timeout_ms must be positive, got {timeout_ms}")
     if output_limit < 0:
         raise UsageError(f"output_limit must be 0 or more, got {output_limit}")
+    fds = tuple(pass_fds)
+    if any(isinstance(fd, bool) or not isinstance(fd, int) or fd < 3 for fd in fds):
+        raise UsageError(f"pass_fds must be file descriptors of 3 or more, got {fds!r}")
     started = time.monotonic()
     capture = _Capture(output_limit)
     if cancelled():
         return CommandResult(None, "", 0, False, False, True, 0)
 
-    proc = subprocess.Popen(
-        [shell or _shell(), "-c", command],
-        cwd=cwd,
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        bufsize=0,
-        close_fds=True,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
+    shell_path = shell or _shell()
+    sup = _Supervised(command, shell_path, cwd, env, fds)
     stop = threading.Event()
     reader = threading.Thread(
-        target=_pump,
-        args=(proc.stdout.fileno(), capture, stop, on_output),
-        name="kiso-shell-reader",
+        target=_pump, args=(sup.output, capture, stop, on_output), name="kiso-shell-reader"
     )
-    timed_out = was_cancelled = strays = False
+    timed_out = was_cancelled = False
     try:
         reader.start()
         deadline = started + timeout_ms / 1000
-        while proc.poll() is None:
-            if cancelled():
-                was_cancelled = True
+        finish_by: float | None = None  # once the shell ended or was stopped
+        while not sup.eof:
+            now = time.monotonic()
+            if finish_by is None:
+                if sup.exit_code is None and cancelled():
+                    was_cancelled = True
+                elif sup.exit_code is None and now >= deadline:
+                    timed_out = True
+                if sup.exit_code is not None or was_cancelled or timed_out:
+                    if was_cancelled or timed_out:
+                        sup.request_kill()
+                    finish_by = now + _FINISH_S
+            elif now >= finish_by:
+                sup.abandon()
                 break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(min(_POLL_S, remaining))
-        if timed_out or was_cancelled:
-            _kill_group(proc)
-        else:
-            reader.join(_DRAIN_GRACE_S)
-            if _group_alive(proc.pid):
-                strays = True
-                _kill_group(proc)
-        # Everything in the group is gone, so EOF is near unless an escaped process holds the pipe.
+            if finish_by is None:
+                sup.read_status(max(0.0, min(_POLL_S, deadline - now)))
+            else:
+                sup.read_status(max(0.0, finish_by - now))
+        # The supervisor is gone and so is every process it could reach, so EOF is near unless a
+        # process that escaped it (through another service) holds the pipe.
         reader.join(_TERM_GRACE_S)
     finally:
         stop.set()
         if reader.ident is not None:
             reader.join()
-        if proc.poll() is None:
-            _kill_group(proc)
-        proc.wait()
-        proc.stdout.close()
+        sup.close()
 
+    if sup.error is not None:
+        raise OSError(sup.error, os.strerror(sup.error), shell_path)
+    killed = timed_out or was_cancelled
+    if sup.exit_code is None and not killed:
+        output, _ = capture.render()
+        raise SupervisorError(
+            errno.EIO,
+            f"the shell supervisor ended before the command did (status {sup.returncode})"
+            + (f": {output.strip()[-500:]}" if output.strip() else ""),
+        )
     output, truncated = capture.render()
     return CommandResult(
-        exit_code=None if (timed_out or was_cancelled) else proc.returncode,
+        exit_code=None if killed else sup.exit_code,
         output=output,
         total_bytes=capture.total,
         truncated=truncated,
         timed_out=timed_out,
         cancelled=was_cancelled,
         ms=int((time.monotonic() - started) * 1000),
-        strays_killed=strays,
+        strays_killed=sup.strays and not killed,
     )
+
+
+class SupervisorError(OSError):
+    """The supervisor ended without reporting how the command ended: something killed it (it
+    kills the command first when it can: on SIGTERM, SIGHUP or SIGINT), or it crashed."""
+
+
+class _Supervised:
+    """One command under its supervisor (:mod:`kiso.tools.supervisor`): the pipes, the status.
+
+    The control pipe's write end is ours alone: both ends are created close-on-exec and the
+    supervisor is started with ``close_fds``, so no other child of kiso inherits it, and the
+    supervisor sees end-of-file exactly when this process dies (or :meth:`close` runs early).
+    """
+
+    def __init__(
+        self, command: str, shell: str, cwd: Path, env: Mapping[str, str], pass_fds: tuple[int, ...]
+    ) -> None:
+        out_r, out_w = os.pipe()
+        ctl_r, ctl_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", supervisor.SCRIPT, str(os.getpid()), shell, command],
+                cwd=cwd,
+                env=dict(env),
+                stdin=ctl_r,
+                stdout=subprocess.PIPE,
+                stderr=out_w,
+                bufsize=0,
+                close_fds=True,
+                pass_fds=pass_fds,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(out_r)
+            os.close(ctl_w)
+            raise
+        finally:
+            os.close(ctl_r)
+            os.close(out_w)
+        # The environment goes on the control pipe: see supervisor.read_environment. A supervisor
+        # that died before reading it shows as end-of-file on the status pipe, below.
+        blob = memoryview(supervisor.encode_environment(dict(env)))
+        with contextlib.suppress(BrokenPipeError):
+            while blob:
+                blob = blob[os.write(ctl_w, blob) :]
+        assert self.proc.stdout is not None
+        self.status = self.proc.stdout
+        self.output = out_r
+        self.control: int | None = ctl_w
+        self.poller = select.poll()
+        self.poller.register(self.status.fileno(), select.POLLIN)
+        self.pending = b""
+        self.eof = False
+        self.pid: int | None = None
+        self.exit_code: int | None = None
+        self.strays = False
+        self.error: int | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def read_status(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the supervisor to report, and take in what it says."""
+        if self.eof or not self.poller.poll(int(timeout_s * 1000)):
+            return
+        try:
+            data = os.read(self.status.fileno(), 4096)
+        except OSError:
+            data = b""
+        if not data:
+            self.eof = True
+            self.proc.wait()
+            return
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        for line in lines:
+            key, _, value = line.decode("ascii", "replace").partition(" ")
+            with contextlib.suppress(ValueError):
+                if key == "pid":
+                    self.pid = int(value)
+                elif key == "exit":
+                    self.exit_code = int(value)
+                elif key == "strays":
+                    self.strays = value == "1"
+                elif key == "error":
+                    self.error = int(value) or errno.EIO
+
+    def request_kill(self) -> None:
+        """Ask for SIGTERM, up to 1 s, then SIGKILL of every process of the command."""
+        if self.control is not None:
+            with contextlib.suppress(OSError):  # it has exited already
+                os.write(self.control, supervisor.KILL_REQUEST)
+
+    def abandon(self) -> None:
+        """The supervisor did not finish in time: tell it to kill everything now, then end it."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.terminate()
+        try:
+            self.proc.wait(_KILL_WAIT_S + 1)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.eof = True
+
+    def close(self) -> None:
+        """End the supervisor if it still runs (closing the control pipe kills everything), reap
+        it and close every descriptor."""
+        if self.proc.poll() is None:
+            self.request_kill()
+            try:
+                self.proc.wait(_FINISH_S)
+            except subprocess.TimeoutExpired:
+                self.abandon()
+        if self.control is not None:
+            os.close(self.control)
+            self.control = None
+        self.status.close()
+        os.close(self.output)
 
 
 def _shell() -> str:
@@ -251,78 +395,6 @@ def _pump(
             live.feed(data)
     finally:
         live.feed(b"", final=True)  # a character cut off at the end comes out as U+FFFD
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group of ``proc``, wait up to 1 s, then SIGKILL it and wait it out."""
-    pgid = proc.pid
-    if _signal_group(pgid, signal.SIGTERM) and not _wait_group_gone(proc, _TERM_GRACE_S):
-        _signal_group(pgid, signal.SIGKILL)
-        _wait_group_gone(proc, _KILL_WAIT_S)
-    if proc.poll() is None:  # never wait forever on a leader the group signal missed
-        proc.kill()
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> bool:
-    """Send ``sig`` to the group; False when the group no longer exists."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        # No member of the group may be signalled by us any more (only foreign processes remain).
-        return False
-    return True
-
-
-def _wait_group_gone(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Reap the leader and wait until no live process of its group remains."""
-    deadline = time.monotonic() + timeout
-    while True:
-        proc.poll()
-        if not _group_alive(proc.pid):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-
-
-def _group_alive(pgid: int) -> bool:
-    """True while some process of the group is alive (a zombie is not)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return _live_member_in_proc(pgid)
-
-
-def _live_member_in_proc(pgid: int) -> bool:
-    """Scan /proc for a non-zombie member of ``pgid``; assume one exists where /proc is absent.
-
-    Orphaned zombies are reaped by init, which may take a second or more; they hold no resources
-    a command could use, so they do not count.
-    """
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True
-    if "self" not in entries:
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # "pid (comm) state ppid pgrp ..."; comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,6 +520,14 @@ def _execute_shell(input: dict[str, Any], ctx: ToolContext) -> ToolResult:
             timeout_ms=timeout_ms,
             cancelled=ctx.cancelled,
             on_output=ctx.progress,
+            pass_fds=ctx.inherit_fds,
+        )
+    except SupervisorError as exc:
+        return ToolResult(
+            f"the command's supervisor was stopped before the command ended ({exc.strerror}); "
+            f"its processes were killed unless the supervisor itself was killed with SIGKILL",
+            is_error=True,
+            error_kind="fatal",
         )
     except OSError as exc:
         return ToolResult(

@@ -2,7 +2,9 @@
 
 What must hold after the kill: the tool that finished is not run again (its stored result comes
 back), the tool that was running is reported uncertain and is not re-run, the tools after it do
-not run, and only an explicit ``--resolve ID=rerun`` lets it run again.
+not run, and only an explicit ``--resolve ID=rerun`` lets it run again. And for a custom tool
+killed mid-call: one registered read-only or idempotent is simply run again (nothing was fsynced
+before it ran); one with effects is uncertain.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from .kmlkit import kml
 
@@ -64,8 +68,13 @@ def test_sigkill_mid_tool_then_the_same_kml_again(tmp_path: Path) -> None:
     shell_pid = int(marker.read_text())
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=10)  # reap it and close its pipes
-    # The command's own process group outlives its parent; end it like a reboot would.
-    os.killpg(shell_pid, signal.SIGKILL)
+    # The shell's supervisor ends the command's group when the executer dies: nothing is
+    # killed by hand, and nothing of the command outlives the crash.
+    deadline = time.monotonic() + 10
+    while _alive(shell_pid):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the command (pid {shell_pid}) outlived the killed executer")
+        time.sleep(0.05)
 
     (base / "first.txt").write_text("edited by a person after the crash\n")
     marker.unlink()
@@ -99,3 +108,83 @@ def test_sigkill_mid_tool_then_the_same_kml_again(tmp_path: Path) -> None:
     assert (base / "done.txt").read_text() == "finished\n"
     assert (base / "third.txt").read_text() == "never\n"
     assert (base / "first.txt").read_text() == "edited by a person after the crash\n"
+
+
+# -- a custom tool killed mid-call: what it declares decides what happens next -----------------
+
+_AGENT = """
+import json, os, sys, time
+from pathlib import Path
+from kyronix.executer import KyronixExecuter
+
+mode, base, receipts, plan = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+
+def probe(args):
+    with open(base / "runs.txt", "a") as f:
+        f.write("run\\n")
+    if not (base / "go").exists():
+        (base / "marker").write_text(str(os.getpid()))
+        time.sleep(60)
+    return "probed"
+
+
+flags = {"read_only": {"read_only": True}, "idempotent": {"idempotent": True}, "effects": {}}
+executer = KyronixExecuter(receipts=receipts)
+executer.register("probe", probe, **flags[mode])
+with executer:
+    print(json.dumps(executer.execute_sync(Path(plan).read_text(), base)))
+"""
+
+
+@pytest.mark.parametrize("mode", ["read_only", "idempotent", "effects"])
+def test_sigkill_mid_custom_tool(tmp_path: Path, mode: str) -> None:
+    base = tmp_path / "project"
+    base.mkdir()
+    agent = tmp_path / "agent.py"
+    agent.write_text(_AGENT)
+    plan = tmp_path / "plan.kml"
+    plan.write_text(kml(("probe", {}, "p-1"), ("write_file", {"path": "after", "content": "x"})))
+    env = {**os.environ, "KYRONIX_HOME": str(tmp_path / "home")}
+    argv = [sys.executable, str(agent), mode, str(base), str(tmp_path / "r.sqlite3"), str(plan)]
+
+    def agent_run() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+
+    proc = agent_run()
+    marker = base / "marker"
+    deadline = time.monotonic() + 30
+    while not (marker.exists() and marker.read_text().strip()):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the custom tool never started"
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    (base / "go").write_text("")
+
+    code, results, err = _finish(agent_run())
+    assert code == 0, err
+    probe, after = (r["result"] for r in results)
+    runs = (base / "runs.txt").read_text().count("run")
+    if mode == "effects":  # it may have acted: uncertain, not run again, the envelope stops
+        assert probe["uncertain"] is True and probe["errorType"] == "Uncertain"
+        assert after["skipped"] is True and not (base / "after").exists()
+        assert runs == 1
+    else:  # read-only or idempotent: nothing was fsynced before it ran, so it simply runs again
+        assert probe["success"] is True and probe["output"] == "probed"
+        assert after["success"] is True and (base / "after").read_text() == "x"
+        assert runs == 2
+        # and now it is finished: a third send replays it
+        code, again, _ = _finish(agent_run())
+        assert again == results and (base / "runs.txt").read_text().count("run") == 2
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` (a process this test's executer started) is alive and not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
