@@ -25,7 +25,16 @@ from kiso.kernel import (
     parse_log,
     workspace_slug,
 )
-from kiso.kernel.events import Assistant, TextBlock, Usage
+from kiso.kernel.doctor import RepairStatus, repair_session
+from kiso.kernel.errors import StoreError, describe_os_error
+from kiso.kernel.events import (
+    Assistant,
+    ExecutionFinished,
+    ExecutionStarted,
+    TextBlock,
+    ToolCall,
+    Usage,
+)
 
 Store = JsonlSessionStore | MemorySessionStore
 
@@ -229,13 +238,20 @@ def test_anything_else_malformed_names_the_file_and_line(
         assert info.value.line == line
         assert str(path) in str(info.value) and reason in str(info.value)
         assert f"line {line}" in str(info.value)
+        # never advise cutting the log (that would drop receipts after the line): the doctor
+        assert "was not changed" in str(info.value) and "`kiso doctor s1`" in str(info.value)
+        assert "remove line" not in str(info.value)
+        assert "everything after" not in str(info.value)
     assert path.read_bytes() == before  # a damaged log is never modified
     (row,) = jsonl_store.list(workspace)  # a listing still works, naming it corrupt
     assert row.state.value == "corrupt" and f"line {line}" in (row.error or "")
     assert row.workspace == os.path.realpath(workspace)
-    with open(path, "r+b") as f:  # repaired as the message says: the refusal left no lock behind
-        f.truncate(len(before) - len(garbage))
-    jsonl_store.open("s1").close()
+    # repaired as the message says; the refusals left no lock behind
+    assert repair_session(jsonl_store, "s1").status is RepairStatus.REPAIRED
+    with jsonl_store.open("s1") as w:
+        kept = ["run_started", "user"] + (["run_ended"] if reason.startswith("seq") else [])
+        assert [e.type for e in w.events] == kept  # a readable record is kept, renumbered
+        assert [e.seq for e in w.events] == list(range(1, len(kept) + 1))
 
 
 def test_a_corrupt_line_in_the_middle_is_not_a_torn_tail() -> None:
@@ -316,3 +332,89 @@ def test_the_index_is_a_cache_rebuilt_when_stale(
     assert [r.id for r in index.refresh(jsonl_store.load_path)] == ["s1"]
     assert set(json.loads((folder / INDEX_NAME).read_text())["sessions"]) == {"s1"}
     assert stat.S_IMODE((folder / INDEX_NAME).stat().st_mode) == 0o600
+
+
+def test_a_header_naming_another_session_is_corruption(
+    jsonl_store: JsonlSessionStore, workspace: Path
+) -> None:
+    path = _log_path(jsonl_store, workspace)
+    copy = path.with_name("s2.jsonl")  # a copy under another session's name
+    copy.write_bytes(path.read_bytes())
+    for attempt in (lambda: jsonl_store.load("s2"), lambda: jsonl_store.open("s2")):
+        with pytest.raises(CorruptLogError) as info:
+            attempt()
+        assert info.value.line == 1
+        assert "'s1'" in str(info.value) and "s2.jsonl" in str(info.value)
+    rows = {r.id: r for r in jsonl_store.list(workspace)}
+    assert rows["s2"].state.value == "corrupt" and rows["s1"].state.value == "interrupted"
+    header = path.read_bytes().split(b"\n")[0] + b"\n"
+    assert parse_log(header, "anything.jsonl").header.id == "s1"  # no file name given: no check
+    with pytest.raises(CorruptLogError, match="names session 's1'"):
+        parse_log(header, "x", session_id="s2")
+
+
+def _turn(call_input: dict[str, object], started_input: dict[str, object]) -> list[object]:
+    call = ToolCall("c1", "shell", call_input)
+    return [
+        *start(),
+        Assistant(run="r1", blocks=(call,), stop="tool_use", usage=Usage(), model="m", ms=1),
+        ExecutionStarted(
+            run="r1", execution_id="s1:4", call_id="c1", name="shell", input=started_input
+        ),
+        ExecutionFinished(
+            run="r1", execution_id="s1:4", call_id="c1", ok=True, content="", is_error=False, ms=1
+        ),
+    ]
+
+
+def test_an_execution_whose_input_differs_from_its_call_is_corruption(
+    jsonl_store: JsonlSessionStore, workspace: Path
+) -> None:
+    with jsonl_store.create(workspace, session_id="s1") as w:
+        w.append(*_turn({"command": "ls"}, {"command": "ls"}))  # type: ignore[arg-type]
+    path = jsonl_store.path_of("s1")
+    good = path.read_bytes()
+    assert len(jsonl_store.load("s1").events) == 5
+    path.write_bytes(good.replace(b'"input":{"command":"ls"}}\n', b'"input":{"command":"rm"}}\n'))
+    with pytest.raises(CorruptLogError) as info:
+        jsonl_store.load("s1")
+    assert info.value.line == 5  # the execution_started ...
+    assert "line 4" in info.value.reason  # ... and the assistant record it contradicts
+    assert "s1:4" in info.value.reason and "c1" in info.value.reason
+    # a start for a call the last assistant does not declare is not checked (nothing to compare)
+    with jsonl_store.create(workspace, session_id="s3") as w:
+        w.append(*start())
+        w.append(
+            ExecutionStarted(run="r1", execution_id="x", call_id="c9", name="n", input={"a": 1})
+        )
+    assert len(jsonl_store.load("s3").events) == 3
+
+
+def test_os_errors_become_store_errors_that_say_what_to_do(
+    jsonl_store: JsonlSessionStore, workspace: Path
+) -> None:
+    folder = jsonl_store.project_dir(workspace)
+    folder.parent.mkdir(parents=True)
+    folder.write_text("a file where the project folder should be")
+    with pytest.raises(StoreError) as info:
+        jsonl_store.create(workspace, session_id="s1")
+    assert str(info.value).startswith(f"could not create the session log {folder}/s1.jsonl: ")
+    assert "session s1 was not created" in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)  # kept as the cause, never shown raw
+
+
+def test_describe_os_error_names_the_full_file_system(tmp_path: Path) -> None:
+    import errno
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    text = describe_os_error(tmp_path / "missing" / "k9.jsonl", full, "append to")
+    mount = Path(tmp_path)
+    while mount.parent != mount and mount.parent.stat().st_dev == mount.stat().st_dev:
+        mount = mount.parent
+    assert text.startswith(f"could not append to {tmp_path}/missing/k9.jsonl: ")
+    assert f"the file system mounted at {mount} is full" in text
+    assert "free some space there and try again" in text
+    quota = describe_os_error(tmp_path, OSError(errno.EDQUOT, "Disk quota exceeded"), "write")
+    assert "no quota left" in quota
+    assert "read-only" in describe_os_error(tmp_path, OSError(errno.EROFS, "ro"), "write")
+    assert "failing" in describe_os_error(tmp_path, OSError(errno.EIO, "I/O error"), "read")

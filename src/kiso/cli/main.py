@@ -77,6 +77,7 @@ def cli(
     kiso resume                    pick a session to continue
     kiso resume <id> [prompt]      continue a session (headless when stdin is not a terminal)
     kiso sessions [--all]          durable sessions and the state each resumes into
+    kiso doctor <id>               repair a damaged log; nothing with a receipt runs again
 
     Sessions live in $KISO_HOME/projects (KISO_HOME defaults to ~/.kiso).
     """
@@ -284,6 +285,32 @@ def sessions(scope: str, as_json: bool) -> None:
         if row.error:
             line += f"\n  {row.error}"
         click.echo(line)
+
+
+@cli.command()
+@click.argument("session_id")
+def doctor(session_id: str) -> None:
+    """Repair a damaged session log without running again anything that has a receipt.
+
+    Keeps the damaged log as <id>.jsonl.damaged-<time>, writes a log that loads in its place
+    and says what it did: lines dropped, executions kept as finished, calls left for a human to
+    rule on. Holds the session's writer lock while it works. Exit 0 when repaired or when there
+    was nothing to repair, 1 when it could not repair.
+    """
+    from kiso.kernel import JsonlSessionStore, KisoError, UsageError
+    from kiso.kernel.doctor import RepairStatus, repair_session
+
+    try:
+        result = repair_session(JsonlSessionStore(), session_id)
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
+    except KisoError as exc:
+        click.echo(f"kiso doctor: {exc}", err=True)
+        sys.exit(1)
+    refused = result.status is RepairStatus.REFUSED
+    for line in result.report():
+        click.echo(line, err=refused)
+    sys.exit(1 if refused else 0)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})

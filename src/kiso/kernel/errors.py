@@ -89,16 +89,30 @@ class StoreError(KisoError):
 
 
 class CorruptLogError(StoreError):
-    """A log line that is not a torn tail failed to parse, validate or follow its predecessor."""
+    """A log line that is not a torn tail failed to parse, validate or follow its predecessor.
 
-    def __init__(self, path: Path | str, line: int, reason: str) -> None:
+    The message never advises cutting the log: removing a line and everything after it would
+    also remove the receipts after it, and resuming would run those effects again. It points to
+    ``kiso doctor``, which keeps every receipt.
+    """
+
+    def __init__(
+        self, path: Path | str, line: int, reason: str, *, session_id: str | None = None
+    ) -> None:
         self.path = str(path)
         self.line = line
         self.reason = reason
+        name = os.path.basename(self.path)
+        if session_id is None and name.endswith(".jsonl") and len(name) > len(".jsonl"):
+            session_id = name[: -len(".jsonl")]
+        self.session_id = session_id
+        command = f"kiso doctor {session_id}" if session_id else "kiso doctor <session id>"
         super().__init__(
-            f"{self.path}, line {line}: {reason}. The session log is damaged and was not changed; "
-            f"keep a copy, then remove line {line} and everything after it to resume from the "
-            f"last good record."
+            f"{self.path}, line {line}: {reason}. The session log is damaged and was not "
+            f"changed. Do not cut lines off it by hand: that would also drop the receipts after "
+            f"them, and resuming would run those effects again. Run `{command}`: it keeps a copy "
+            f"of the damaged log and writes one that resumes without running again anything that "
+            f"has a receipt."
         )
 
 
@@ -126,20 +140,50 @@ class AppendError(StoreError):
     """An append was refused or failed; what was not committed is named in the message."""
 
 
-def describe_os_error(path: Path | str, exc: OSError, doing: str) -> str:
+def describe_os_error(path: str | os.PathLike[str], exc: OSError, doing: str) -> str:
     """One sentence for an operating-system error while ``doing`` something to ``path``.
 
-    A full disk (or quota) names the file system to free space on; anything else names the
-    error. Used wherever the store writes, so every caller says the same thing.
+    A full disk (or a used-up quota) names the file system to free space on, by its mount point;
+    a read-only file system and a refused permission say so; anything else names the error. Used
+    wherever the store touches the disk, so every caller says the same thing. Never raises.
     """
     where = os.fspath(path)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        mount = _mount_point(where)
+        disk = f"the file system mounted at {mount}" if mount else "the disk holding it"
+        full = "is full" if exc.errno == errno.ENOSPC else "has no quota left for you"
         return (
-            f"could not {doing} {where}: the disk holding it is full ({exc.strerror}); free "
-            f"some space there and try again"
+            f"could not {doing} {where}: {disk} {full} ({exc.strerror}); free some space there "
+            f"and try again"
         )
     if exc.errno == errno.EROFS:
-        return f"could not {doing} {where}: the file system is read-only"
+        mount = _mount_point(where)
+        at = f" mounted at {mount}" if mount else ""
+        return f"could not {doing} {where}: the file system{at} is read-only"
     if exc.errno in (errno.EACCES, errno.EPERM):
         return f"could not {doing} {where}: permission denied ({exc.strerror})"
+    if exc.errno == errno.EIO:
+        return (
+            f"could not {doing} {where}: an input/output error ({exc.strerror}); the disk may be "
+            f"failing: check it before trying again"
+        )
     return f"could not {doing} {where}: {exc.strerror or exc}"
+
+
+def _mount_point(path: str) -> str | None:
+    """The mount point of the file system holding ``path`` (or its nearest existing parent)."""
+    try:
+        current = os.path.abspath(path)
+        while not os.path.lexists(current):
+            parent = os.path.dirname(current)
+            if parent == current:
+                return None
+            current = parent
+        dev = os.lstat(current).st_dev
+        while True:
+            parent = os.path.dirname(current)
+            if parent == current or os.lstat(parent).st_dev != dev:
+                return current
+            current = parent
+    except (OSError, ValueError):
+        return None
