@@ -7,8 +7,10 @@ type the reason the model is told. :class:`Tui` is the inline application at the
 part of the turn, the panel or the input, and the status row.
 
 The call itself is shown in full (the whole command, the whole diff, the whole content), printed
-into the scrollback above the panel so nothing is ever cut to fit the window. Irreversible
-deletes carry one yellow line naming what goes; nothing else carries a warning.
+into the scrollback above the panel so nothing is ever cut to fit the window. What the approval
+may offer is not decided here: the runtime decides it (:func:`kiso.runtime.offers.approval_offer`:
+the "don't ask again" rule, or why there is none, and the one yellow line an irreversible delete
+carries) and the panel renders it.
 """
 
 from __future__ import annotations
@@ -45,14 +47,13 @@ from rich.padding import Padding
 from rich.text import Text
 
 from kiso.kernel import ToolCall, Uncertain, User
-from kiso.runtime.floor.parse import tolerant_tokens
-from kiso.runtime.rules import rule_for
-from kiso.tools import Tool
 
 from .picker import WorkspaceCompleter
 from .render import COMMANDS, CURSOR, KEYS, PROMPT, WARNING, diff_view, report, write
 
 if TYPE_CHECKING:
+    from kiso.runtime.offers import Offer
+
     from .repl import Repl
 
 __all__ = [
@@ -61,7 +62,6 @@ __all__ = [
     "Tui",
     "approval_panel",
     "call_view",
-    "irreversible_warning",
     "uncertain_panel",
 ]
 
@@ -136,7 +136,8 @@ class Panel:
 # the panels
 
 
-def approval_panel(call: ToolCall, tool: Tool | None, workspace: Path) -> Panel:
+def approval_panel(call: ToolCall, offer: Offer) -> Panel:
+    """The question for ``call``, offering what the runtime decided (``offer``)."""
     inp: dict[str, Any] = dict(call.input)
     path = inp.get("path") if isinstance(inp.get("path"), str) else None
     if call.name == "shell":
@@ -147,22 +148,14 @@ def approval_panel(call: ToolCall, tool: Tool | None, workspace: Path) -> Panel:
         question = f"Write {path}?"
     else:
         question = f"Allow {call.name}?"
-    rule = rule_for(call, tool, workspace)
     always = Option("Yes, and don't ask again", "always")
-    command = inp.get("command") if call.name == "shell" else None
-    if isinstance(command, str) and irreversible_warning(command):
+    if offer.rule is None:
+        why = offer.no_rule_because or "no rule can cover this call"
         always.enabled = False
-        always.detail = "(not offered for this call)"
-        always.why_not = "an irreversible delete is asked about every time"
-    elif rule is None:
-        always.enabled = False
-        always.detail = "(not offered for this call)"
-        always.why_not = (
-            "no rule can cover this call: compound commands and paths under .git/ or .kiso/ "
-            "always ask"
-        )
+        always.detail = f"(not offered: {why})"
+        always.why_not = f'"don\'t ask again" is not offered: {why}'
     else:
-        always.detail = f"(adds the rule `{rule.text}`)"
+        always.detail = f"(adds the rule `{offer.rule.text}`)"
     return Panel(
         question,
         [Option("Yes", "yes"), always, Option("No (tell the model why)", "no")],
@@ -185,8 +178,13 @@ def uncertain_panel(u: Uncertain) -> Panel:
 # the call in full
 
 
-def call_view(call: ToolCall, workspace: Path, *, heading: str | None = None) -> RenderableType:
-    """The whole call: the command, the diff or the content, never truncated."""
+def call_view(
+    call: ToolCall, workspace: Path, *, warning: str | None = None, heading: str | None = None
+) -> RenderableType:
+    """The whole call: the command, the diff or the content, never truncated.
+
+    ``warning`` is the one yellow line the runtime gave the call (an irreversible delete), if any.
+    """
     inp: dict[str, Any] = dict(call.input)
     path = inp.get("path")
     where = f" {path}" if isinstance(path, str) and call.name != "shell" else ""
@@ -196,14 +194,13 @@ def call_view(call: ToolCall, workspace: Path, *, heading: str | None = None) ->
         parts.append(Padding(Text(inp["command"], overflow="fold"), (0, 0, 0, 2)))
         if "timeout_ms" in inp:
             parts.append(Text(f"  timeout {inp['timeout_ms']} ms"))
-        warning = irreversible_warning(inp["command"])
-        if warning:
-            parts.append(Text(f"⚠ irreversible: {warning}", style=WARNING))
     elif call.name in ("edit_file", "write_file") and isinstance(inp.get("path"), str):
         parts.append(Padding(diff_view(call.name, inp, workspace), (0, 0, 0, 2)))
     else:
         body = json.dumps(inp, ensure_ascii=False, indent=2)
         parts.append(Padding(Text(body, overflow="fold"), (0, 0, 0, 2)))
+    if warning:
+        parts.append(Text(f"⚠ irreversible: {warning}", style=WARNING))
     return Group(*parts)
 
 
@@ -483,101 +480,3 @@ STYLE = Style.from_dict(
         "scrollbar.button": "noinherit reverse",
     }
 )
-
-
-# --------------------------------------------------------------------------------------------
-# irreversible deletes
-
-
-_SEPARATORS = frozenset("();<>|&`\n")
-_WRAPPERS = frozenset({"sudo", "doas", "nice", "nohup", "time", "command", "builtin", "exec"})
-
-
-def _simple_commands(command: str) -> list[list[str]]:
-    out: list[list[str]] = [[]]
-    for token in tolerant_tokens(command):
-        if token in _SEPARATORS:
-            out.append([])
-        else:
-            out[-1].append(token)
-    return [words for words in out if words]
-
-
-def _unwrap(words: list[str]) -> list[str]:
-    i = 0
-    while i < len(words):
-        word = words[i]
-        assignment = "=" in word and word.split("=", 1)[0].isidentifier()
-        if assignment or word in _WRAPPERS or word == "env" or (word.startswith("-") and i > 0):
-            i += 1
-        elif word == "xargs":
-            i += 1
-            while i < len(words) and words[i].startswith("-"):
-                i += 1
-        else:
-            break
-    return words[i:]
-
-
-def _split_options(args: list[str]) -> tuple[list[str], list[str]]:
-    flags: list[str] = []
-    operands: list[str] = []
-    ended = False
-    for arg in args:
-        if not ended and arg == "--":
-            ended = True
-        elif not ended and arg.startswith("-") and arg != "-":
-            flags.append(arg)
-        else:
-            operands.append(arg)
-    return flags, operands
-
-
-def _short(flags: list[str], letters: str) -> bool:
-    return any(not f.startswith("--") and any(c in f[1:] for c in letters) for f in flags)
-
-
-def _rm(args: list[str]) -> str | None:
-    flags, targets = _split_options(args)
-    if not (_short(flags, "rR") or "--recursive" in flags) or not targets:
-        return None
-    return f"rm deletes {', '.join(targets)} and everything inside"
-
-
-def _git(args: list[str]) -> str | None:
-    i = 0
-    while i < len(args) and args[i].startswith("-"):
-        i += 2 if args[i] in ("-C", "-c") else 1
-    if i >= len(args):
-        return None
-    sub, rest = args[i], args[i + 1 :]
-    if sub == "checkout" and "--" in rest:
-        paths = rest[rest.index("--") + 1 :]
-        what = ", ".join(paths) if paths else "the named paths"
-        return f"git checkout -- discards uncommitted changes to {what}"
-    if sub == "reset" and "--hard" in rest:
-        return "git reset --hard discards every uncommitted change in the working tree"
-    if sub == "clean":
-        flags, paths = _split_options(rest)
-        if _short(flags, "f") or "--force" in flags:
-            kinds = "untracked files and directories" if _short(flags, "d") else "untracked files"
-            where = f" in {', '.join(paths)}" if paths else ""
-            ignored = " (ignored ones too)" if _short(flags, "x") else ""
-            return f"git clean deletes {kinds}{where}{ignored}"
-    return None
-
-
-def irreversible_warning(command: str) -> str | None:
-    """One line naming what an irreversible delete removes, or None for any other command:
-    ``rm -r``/``rm -rf`` (its targets), ``git checkout --``, ``git reset --hard``,
-    ``git clean -f``."""
-    found: list[str] = []
-    for simple in _simple_commands(command):
-        words = _unwrap(simple)
-        if not words:
-            continue
-        name = words[0].rsplit("/", 1)[-1]
-        said = _rm(words[1:]) if name == "rm" else _git(words[1:]) if name == "git" else None
-        if said and said not in found:
-            found.append(said)
-    return "; ".join(found) if found else None

@@ -8,10 +8,13 @@
     read_file                  the whole tool
 
 A rule can only allow. It never allows a shell command with control operators, substitutions or
-redirections (``;``, ``&&``, ``|``, ``$(``, backticks, ``>``...), never a file tool on a path under
-``.git/`` or ``.kiso/``, and the floor denies before any rule is consulted (deny > allow), so a
-destructive command or a write into ``.git`` reaches a human every time. Deleting a line revokes
-it; deleting the file revokes them all. A malformed line is a loud error naming the file and line.
+redirections (``;``, ``&&``, ``|``, ``$(``, backticks, ``>``...), never a destructive one (``rm``,
+``git reset --hard``... as :func:`kiso.runtime.floor.destructive_commands` finds them, whatever the
+rule's prefix says: ``shell: git reset`` does not allow ``git reset --hard``), never a file tool on
+a path under ``.git/`` or ``.kiso/``, and the floor denies before any rule is consulted
+(deny > allow), so a destructive command or a write into ``.git`` reaches a human every time.
+Deleting a line revokes it; deleting the file revokes them all. A malformed line is a loud error
+naming the file and line.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from kiso.kernel import ToolCall, UsageError
 from kiso.kernel.layout import make_private_dirs
 from kiso.tools.base import Effects, Tool
 
-__all__ = ["RULES_FILE", "Rule", "RulesError", "RulesFile", "rule_for"]
+__all__ = ["RULES_FILE", "Rule", "RulesError", "RulesFile", "destructive", "rule_for"]
 
 RULES_FILE = "dont-ask-again.rules"
 HEADER = (
@@ -60,10 +63,11 @@ class Rule:
             command = call.input.get("command")
             if not isinstance(command, str) or _SHELL_META.search(command):
                 return False
-            if self.pattern is None:
-                return True
-            words, prefix = command.split(), self.pattern.split()
-            return words[: len(prefix)] == prefix
+            if self.pattern is not None:
+                words, prefix = command.split(), self.pattern.split()
+                if words[: len(prefix)] != prefix:
+                    return False
+            return not destructive(command, workspace)
         path = call.input.get("path")
         if isinstance(path, str):
             relative = _relative(path, workspace)
@@ -105,12 +109,29 @@ def _glob(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
+def destructive(command: str, workspace: Path) -> bool:
+    """Is there a destructive command in ``command``, whatever it aims at?
+
+    Whether there is one does not depend on the home directory (only what it would reach does),
+    so the workspace stands in for it. The parser is loaded on first use.
+    """
+    from kiso.runtime.floor import destructive_commands
+
+    return bool(destructive_commands(command, workspace=workspace, home=workspace))
+
+
 def rule_for(call: ToolCall, tool: Tool | None, workspace: Path) -> Rule | None:
-    """The narrowest rule that would allow ``call`` again, or None where none may exist."""
+    """The narrowest rule that would allow ``call`` again, or None where none may exist.
+
+    None for a compound or destructive shell command and for a path under ``.git/``, ``.kiso/``
+    or outside the workspace; :func:`kiso.runtime.offers.approval_offer` says which, and why.
+    """
     effects = tool.effects if tool is not None else Effects.OTHER
     if effects is Effects.SHELL:
         command = call.input.get("command")
         if not isinstance(command, str) or not command.strip() or _SHELL_META.search(command):
+            return None
+        if destructive(command, workspace):
             return None
         return Rule(call.name, " ".join(command.split()))
     path = call.input.get("path")
@@ -127,12 +148,13 @@ class RulesFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._where = os.fspath(path)
         self._cache: tuple[tuple[int, int, int], list[Rule]] | None = None
 
     def load(self) -> list[Rule]:
         """The rules as the file says now (re-read whenever its size, mtime or inode change)."""
         try:
-            st = self.path.stat()
+            st = os.stat(self._where)
         except FileNotFoundError:
             return []
         except OSError as exc:
@@ -166,7 +188,10 @@ class RulesFile:
         return rules
 
     def match(self, call: ToolCall, tool: Tool | None, workspace: Path) -> Rule | None:
-        return next((r for r in self.load() if r.matches(call, tool, workspace)), None)
+        for rule in self.load():
+            if rule.matches(call, tool, workspace):
+                return rule
+        return None
 
     def add(self, rule: Rule) -> None:
         """Append ``rule`` (atomically: the file is rewritten and renamed into place)."""

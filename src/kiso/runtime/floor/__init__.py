@@ -4,6 +4,12 @@
 command in it is destructive *and* aims at something that cannot be recovered; otherwise ``None``.
 It runs in every approval mode, ``bypass`` included, so it only ever says no.
 
+:func:`destructive_commands` walks the same parse, through the same wrappers and shells, and
+returns every destructive simple command in the line whatever it aims at, each a
+:class:`Destruction` (its kind, its targets, whether it is an irreversible delete, and one line
+naming what goes). It is what decides what an approval may offer (:mod:`kiso.runtime.offers`):
+every command the floor refuses is among them.
+
 What it guarantees, for the command line as written:
 
 * Every simple command anywhere in the parse tree is checked: lists, pipelines, subshells,
@@ -41,11 +47,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from kiso.runtime.floor.checker import Checker
+from kiso.runtime.floor.destruction import IRREVERSIBLE, KINDS, Destruction
 from kiso.runtime.floor.places import Places as _Places  # tests patch `floor._Places.of`
 from kiso.runtime.floor.places import join
 from kiso.runtime.floor.refusal import Refusal
 
-__all__ = ["Refusal", "check_command"]
+__all__ = [
+    "IRREVERSIBLE",
+    "KINDS",
+    "Destruction",
+    "Refusal",
+    "check_command",
+    "destructive_commands",
+]
 
 
 def check_command(
@@ -58,14 +72,47 @@ def check_command(
     system or the environment. Never raises: should the floor itself fail, it refuses.
     """
     try:
-        places = _Places.of(workspace, home)
-        start = places.workspace if cwd is None else join(places.workspace, str(cwd))
-        options = command.lower().replace("_", "")
-        dots = any(o in options for o in ("dotglob", "globdots", "globignore"))
-        return Checker(places, dots).script(command, frozenset({start}), via=None)
+        return _checker(command, workspace, home).script(
+            command, _start(workspace, home, cwd), None
+        )
     except Exception:  # the floor must answer; failing closed is the safe answer
         return Refusal(
             reason="the command could not be analysed by the safety floor, so it was refused",
             command=command,
             target="",
         )
+
+
+def destructive_commands(
+    command: str, *, workspace: Path, home: Path, cwd: Path | None = None
+) -> tuple[Destruction, ...]:
+    """Every destructive simple command in ``command``, whatever it aims at, in order.
+
+    ``rm`` (``"rm"``, or ``"rm -r"`` when recursive), ``find -delete``, ``find -exec rm``,
+    ``git clean -f``, ``git reset --hard``, ``git checkout --`` (of paths), ``git checkout -f``,
+    ``git restore``, ``git switch -f``: anywhere the floor looks (lists, pipelines, subshells,
+    ``$( )``, ``sh -c``, ``eval``, here-documents fed to a shell, ``xargs``, ``find -exec``,
+    ``sudo``/``env``/... wrappers). Mentioning is not running: ``echo rm -rf x`` has none. Text
+    the parser cannot read is scanned token by token, so whatever might be one is reported; what
+    cannot be read at all (shells nested too deeply) is one ``"unreadable"`` destruction. Every
+    command :func:`check_command` refuses has at least one. Pure, and never raises: should the
+    walk itself fail, the answer is one ``"unreadable"`` destruction.
+    """
+    try:
+        checker = _checker(command, workspace, home, collect=True)
+        checker.script(command, _start(workspace, home, cwd), None)
+        return tuple(checker.found)
+    except Exception:  # as the floor does: an answer that cannot be had is the cautious one
+        warning = "the command could not be analysed: it may delete anything"
+        return (Destruction("unreadable", command, (), True, warning),)
+
+
+def _checker(command: str, workspace: Path, home: Path, *, collect: bool = False) -> Checker:
+    options = command.lower().replace("_", "")
+    dots = any(o in options for o in ("dotglob", "globdots", "globignore"))
+    return Checker(_Places.of(workspace, home), dots, collect=collect)
+
+
+def _start(workspace: Path, home: Path, cwd: Path | None) -> frozenset[str]:
+    places = _Places.of(workspace, home)
+    return frozenset({places.workspace if cwd is None else join(places.workspace, str(cwd))})

@@ -2,16 +2,22 @@
 
 ``cd`` is followed through lists, conditions and loops; child shells keep their ``cd`` inside.
 What the parser cannot read is scanned again token by token.
+
+The same walk answers two questions. By default it stops at the first :class:`Refusal`; made with
+``collect=True`` it goes through the whole line and records every destructive command in it,
+whatever its target (:attr:`Checker.found`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tree_sitter import Node
 
 from kiso.runtime.floor.commands import CHECKED, Call, check_call, command_name, leading_options
+from kiso.runtime.floor.destruction import Destruction
 from kiso.runtime.floor.parse import SEPARATORS, parse, tolerant_tokens
 from kiso.runtime.floor.places import Places
 from kiso.runtime.floor.refusal import Refusal
@@ -62,21 +68,57 @@ class _TooDeep(Exception):
 
 
 class Checker:
-    """Walks one command line (and the scripts inside it) looking for a refusal."""
+    """Walks one command line (and the scripts inside it) looking for a refusal.
 
-    def __init__(self, places: Places, dots: bool) -> None:
+    With ``collect``, it looks for every destructive command instead: nothing stops the walk,
+    and each one found is in :attr:`found`.
+    """
+
+    def __init__(self, places: Places, dots: bool, *, collect: bool = False) -> None:
         self.places = places
         self.dots = dots
         """Wildcards may match a leading dot: the line turns on ``dotglob`` or the like."""
         self.reader = WordReader(places.home)
         self.nesting = 0
         self.depth = 0
+        self.collecting = collect
+        self.found: list[Destruction] = []
+        """The destructive commands recorded so far, in the order they were met (collecting)."""
+        self._seen: set[tuple[str, tuple[str, ...]]] = set()
+
+    def record(self, destruction: Destruction) -> None:
+        """Note a destructive command (collecting only); the same kind on the same targets once.
+
+        The targets are compared without their quotes, so the walk and the fallback scan, which
+        reads quotes away, do not report one command twice.
+        """
+        if not self.collecting:
+            return
+        key = (destruction.kind, tuple(_bare(t) for t in destruction.targets))
+        if key not in self._seen:
+            self._seen.add(key)
+            self.found.append(destruction)
+
+    @contextmanager
+    def aside(self) -> Iterator[list[Destruction]]:
+        """Record into a list of its own while the block runs, not into :attr:`found`."""
+        outer = self.found, self._seen
+        self.found, self._seen = [], set()
+        try:
+            yield self.found
+        finally:
+            self.found, self._seen = outer
+
+    def unreadable(self, command: str, why: str) -> None:
+        """What the floor cannot read may delete anything: say so, conservatively."""
+        self.record(Destruction("unreadable", command, (), True, f"{why}: it may delete anything"))
 
     # -- scripts -----------------------------------------------------------------------------
 
     def script(self, source: str, cwds: Cwds, via: Call | None) -> Refusal | None:
         """Check a whole script; ``via`` is the command that runs it, if any."""
         if self.nesting >= _MAX_NESTING and via is not None:
+            self.unreadable(via.text, "shells nested too deeply for the floor to read")
             return Refusal(
                 f"{via.display} nests shells too deeply for the floor to read, so it was refused",
                 via.text,
@@ -108,8 +150,8 @@ class Checker:
         """
         refusal = self._scan(source, cwds)
         unquoted = source.replace('"', "").replace("'", "")
-        if refusal is None and unquoted != source:
-            refusal = self._scan(unquoted, cwds)
+        if (refusal is None or self.collecting) and unquoted != source:
+            refusal = refusal or self._scan(unquoted, cwds)
         return refusal
 
     def _scan(self, source: str, cwds: Cwds) -> Refusal | None:
@@ -129,6 +171,9 @@ class Checker:
                 elif name in CHECKED:
                     budget -= len(words) - i
                     if budget < 0:
+                        self.unreadable(
+                            source, "the command is too long and garbled for the floor to read"
+                        )
                         return Refusal(
                             "the command is too long and garbled for the floor to read, so it"
                             " was refused",
@@ -136,7 +181,7 @@ class Checker:
                             segment[i],
                         )
                     refusal = check_call(self, Call(words[i:], cwds, " ".join(segment[i:])))
-                    if refusal is not None:
+                    if refusal is not None and not self.collecting:
                         return refusal
         return None
 
@@ -284,7 +329,7 @@ class Checker:
         if command_name(words[0]) in _DIRECTORY_COMMANDS:
             return self._cd(words, cwds)
         refusal = check_call(self, Call(words, cwds, text, stdin))
-        if refusal is not None:
+        if refusal is not None and not self.collecting:
             raise _Found(refusal)
         return _Outcome.same(cwds)
 
@@ -311,3 +356,7 @@ class Checker:
         if operand.value is not None and operand.value[:1] in ("-", "+"):
             return _Outcome(None, cwds)  # cd -, pushd +1: the directory stack
         return _Outcome(self.directory(operand, cwds), cwds)
+
+
+def _bare(text: str) -> str:
+    return text.replace('"', "").replace("'", "").replace("\\", "")

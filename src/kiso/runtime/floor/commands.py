@@ -2,6 +2,8 @@
 
 The destructive ones (``rm``, ``git``, ``find -delete``/``-exec``), the ones that run a script
 (shells, ``eval``), and the wrappers that run another command (``sudo``, ``env``, ``xargs``...).
+Each destructive one is also noted with :meth:`Checker.record`, whatever its target, for
+:func:`kiso.runtime.floor.destructive_commands`.
 """
 
 from __future__ import annotations
@@ -9,8 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+from kiso.runtime.floor.destruction import IRREVERSIBLE, Destruction
 from kiso.runtime.floor.parse import tolerant_tokens
 from kiso.runtime.floor.places import inside
 from kiso.runtime.floor.refusal import Refusal
@@ -113,23 +116,10 @@ _XARGS_INPUT = Word("<xargs input>", (("raw", "*"),))
 
 def check_call(checker: Checker, call: Call) -> Refusal | None:
     """The refusal for one simple command, seen through its wrappers, or ``None``."""
-    through_xargs = False
-    for _ in range(32):
-        if not call.words:
-            return None
-        name = command_name(call.words[0])
-        unwrap = _WRAPPERS.get(name or "")
-        if unwrap is None:
-            break
-        inner = unwrap(checker, call)
-        if inner is None:
-            return None
-        through_xargs = through_xargs or name == "xargs"
-        call = inner
-    if not call.words:
+    unwrapped = unwrap(checker, call)
+    if unwrapped is None:
         return None
-    if through_xargs:
-        call = replace(call, words=(*call.words, _XARGS_INPUT))
+    call = unwrapped
     name = command_name(call.words[0])
     if name == "rm":
         return _rm(checker, call)
@@ -142,6 +132,44 @@ def check_call(checker: Checker, call: Call) -> Refusal | None:
     if name == "eval":
         return checker.script(" ".join(w.script for w in call.words[1:]), call.cwds, call)
     return None
+
+
+def unwrap(checker: Checker, call: Call) -> Call | None:
+    """The command its wrappers run (``sudo rm x`` runs ``rm x``), or ``None`` if it runs none.
+
+    What ``xargs`` runs gets one more argument, :data:`_XARGS_INPUT`: the names it reads.
+    """
+    through_xargs = False
+    for _ in range(32):
+        if not call.words:
+            return None
+        name = command_name(call.words[0])
+        unwrapper = _WRAPPERS.get(name or "")
+        if unwrapper is None:
+            break
+        inner = unwrapper(checker, call)
+        if inner is None:
+            return None
+        through_xargs = through_xargs or name == "xargs"
+        call = inner
+    if not call.words:
+        return None
+    if through_xargs:
+        call = replace(call, words=(*call.words, _XARGS_INPUT))
+    return call
+
+
+def _note(checker: Checker, kind: str, call: Call, targets: Sequence[Word], warning: str) -> None:
+    """Record a destructive command for :func:`destructive_commands`, whatever its target."""
+    texts = tuple(word.text for word in targets)
+    checker.record(Destruction(kind, call.text, texts, kind in IRREVERSIBLE, warning))
+
+
+def _names(targets: Sequence[Word]) -> str:
+    """The targets as written, for a person: ``build, dist``."""
+    return ", ".join(
+        "the names xargs reads" if word is _XARGS_INPUT else word.text for word in targets
+    )
 
 
 def _target(checker: Checker, call: Call, word: Word) -> Refusal | None:
@@ -176,11 +204,27 @@ def _rm(checker: Checker, call: Call) -> Refusal | None:
     operands = [
         w for w in words[1:end] if w.value is None or w.value == "-" or not w.value.startswith("-")
     ]
-    for word in (*operands, *words[end + 1 :]):
+    targets = (*operands, *words[end + 1 :])
+    if targets:
+        values = (w.value for w in words[1:end])
+        flags = [v for v in values if v is not None and v.startswith("-") and v != "-"]
+        if any(_recursive(flag) for flag in flags):
+            said = f"rm deletes {_names(targets)} and everything inside"
+            _note(checker, "rm -r", call, targets, said)
+        else:
+            _note(checker, "rm", call, targets, f"rm deletes {_names(targets)}")
+    for word in targets:
         refusal = _target(checker, call, word)
         if refusal is not None:
             return refusal
     return None
+
+
+def _recursive(flag: str) -> bool:
+    """``-r``, ``-R``, ``-rf``, ``--recursive`` (or a prefix of it, as getopt allows)."""
+    if flag.startswith("--"):
+        return len(flag) >= 3 and "--recursive".startswith(flag)
+    return "r" in flag or "R" in flag
 
 
 # -- git -------------------------------------------------------------------------------------
@@ -208,14 +252,14 @@ def _git(checker: Checker, call: Call) -> Refusal | None:
     offence = _git_offence(words[i], words[i + 1 :])
     if offence is None:
         return None
-    target, what = offence
+    _note(checker, offence.kind, call, offence.paths, offence.warning)
     where = _repository_at_risk(checker, cwds)
     if where is None:
         return None
     return Refusal(
-        f"{call.display} would discard {what} in {where}, which git cannot recover",
+        f"{call.display} would discard {offence.what} in {where}, which git cannot recover",
         call.text,
-        target,
+        offence.target,
     )
 
 
@@ -231,11 +275,42 @@ def _repository_at_risk(checker: Checker, cwds: Cwds) -> str | None:
     return None
 
 
-def _git_offence(sub: Word, args: Sequence[Word]) -> tuple[str, str] | None:
-    """The offending argument and what is lost, if this git subcommand discards work."""
+class _Offence(NamedTuple):
+    target: str
+    """The offending argument as written (the refusal's target)."""
+    what: str
+    """What is lost, for the refusal: "uncommitted changes"."""
+    kind: str
+    paths: tuple[Word, ...]
+    """What it discards, as written; empty for the whole working tree."""
+    warning: str
+
+
+_WHOLE_TREE = "discards every uncommitted change in the working tree"
+
+
+def _operands(words: Sequence[Word], with_arg: Iterable[str] = ()) -> tuple[Word, ...]:
+    """The words that are not options, skipping the values of the options in ``with_arg``."""
+    takes = frozenset(with_arg)
+    found: list[Word] = []
+    skip = False
+    for word in words:
+        value = word.value
+        if skip:
+            skip = False
+        elif value is not None and value.startswith("-") and value != "-":
+            skip = value in takes
+        else:
+            found.append(word)
+    return tuple(found)
+
+
+def _git_offence(sub: Word, args: Sequence[Word]) -> _Offence | None:
+    """What is lost, and how to say it, if this git subcommand discards work."""
     name = sub.value
     dashdash = next((i for i, w in enumerate(args) if w.value == "--"), len(args))
     options = [w for w in args[:dashdash] if (w.value or "").startswith("-")]
+    after = tuple(args[dashdash + 1 :])
 
     def short_flag(flag: str, stops: str) -> Word | None:
         for word in options:
@@ -255,36 +330,80 @@ def _git_offence(sub: Word, args: Sequence[Word]) -> tuple[str, str] | None:
     if name == "clean":
         force = long_flag("--force") or short_flag("f", "e")
         dry = long_flag("--dry-run") or short_flag("n", "e")
-        return (force.text, "untracked files") if force and not dry else None
+        if force is None or dry is not None:
+            return None
+        paths = (*_operands(args[:dashdash], ("-e", "--exclude")), *after)
+        kinds = "files and directories" if short_flag("d", "e") else "files"
+        only_ignored = short_flag("X", "e") and not short_flag("x", "e")
+        kinds = f"ignored {kinds}" if only_ignored else f"untracked {kinds}"
+        where = f" in {_names(paths)}" if paths else ""
+        ignored = " (ignored ones too)" if short_flag("x", "e") else ""
+        said = f"git clean deletes {kinds}{where}{ignored}"
+        return _Offence(force.text, "untracked files", "git clean -f", paths, said)
     if name == "reset":
         hard = long_flag("--hard")
-        return (hard.text, "uncommitted changes") if hard else None
+        if hard is None:
+            return None
+        said = f"git reset --hard {_WHOLE_TREE}"
+        return _Offence(hard.text, "uncommitted changes", "git reset --hard", (), said)
     if name == "restore":
-        return (sub.text, "uncommitted changes")
+        paths = (*_operands(args[:dashdash], ("-s", "--source")), *after)
+        to = f" to {_names(paths)}" if paths else ""
+        said = f"git restore discards uncommitted changes{to}"
+        return _Offence(sub.text, "uncommitted changes", "git restore", paths, said)
     if name == "switch":
         force = long_flag("--force", "--discard-changes") or short_flag("f", "cC")
-        return (force.text, "uncommitted changes") if force else None
+        if force is None:
+            return None
+        said = f"git switch -f {_WHOLE_TREE}"
+        return _Offence(force.text, "uncommitted changes", "git switch -f", (), said)
     if name != "checkout":
         return None
-    force = long_flag("--force", "--ours", "--theirs") or short_flag("f", "bB")
-    if force is None:
-        force = next((w for w in options if (w.value or "").startswith("--pathspec-from")), None)
-    if force is not None:
-        return (force.text, "uncommitted changes")
-    if dashdash + 1 < len(args):
-        return (args[dashdash].text, "uncommitted changes to those paths")
-    creating = long_flag("--orphan") or short_flag("b", "") or short_flag("B", "")
+    return _checkout(args, dashdash, options, short_flag, long_flag)
+
+
+def _checkout(
+    args: Sequence[Word],
+    dashdash: int,
+    options: Sequence[Word],
+    short_flag: Callable[[str, str], Word | None],
+    long_flag: Callable[..., Word | None],
+) -> _Offence | None:
+    """``git checkout`` of paths (``--``, ``.``, ``main file``), or forced (``-f``)."""
+    sides = long_flag("--ours", "--theirs")
+    spec = next((w for w in options if (w.value or "").startswith("--pathspec-from")), None)
+    force = long_flag("--force", "--ours", "--theirs") or short_flag("f", "bB") or spec
     operands = [w for w in args[:dashdash] if not (w.value or "x").startswith("-")]
-    for k, word in enumerate(operands):
-        value = word.value or ""
-        pathlike = (
-            value in (".", "..")
-            or value.startswith(("./", "../", ":"))
-            or any(c in value for c in "*?[")
-        )
-        if pathlike or (k >= 1 and creating is None):
-            return (word.text, "uncommitted changes to those paths")
-    return None
+    at: Word | None = None
+    paths: tuple[Word, ...] | None = None
+    if dashdash + 1 < len(args):
+        at, paths = args[dashdash], tuple(args[dashdash + 1 :])
+    else:
+        creating = long_flag("--orphan") or short_flag("b", "") or short_flag("B", "")
+        for k, word in enumerate(operands):
+            value = word.value or ""
+            pathlike = (
+                value in (".", "..")
+                or value.startswith(("./", "../", ":"))
+                or any(c in value for c in "*?[")
+            )
+            if pathlike or (k >= 1 and creating is None):
+                at, paths = word, tuple(operands[k:])
+                break
+    if force is not None:
+        target, what = force.text, "uncommitted changes"
+    elif at is not None:
+        target, what = at.text, "uncommitted changes to those paths"
+    else:
+        return None
+    if paths is None and (sides is not None or spec is not None):
+        paths = tuple(operands)
+    if paths is None:
+        said = f"git checkout -f {_WHOLE_TREE}"
+        return _Offence(target, what, "git checkout -f", (), said)
+    to = _names(paths) or "the paths it names"
+    said = f"git checkout -- discards uncommitted changes to {to}"
+    return _Offence(target, what, "git checkout --", paths, said)
 
 
 # -- find ------------------------------------------------------------------------------------
@@ -303,6 +422,7 @@ def _find(checker: Checker, call: Call) -> Refusal | None:
             break
         starts.append(words[i])
         i += 1
+    written = tuple(starts)
     starts = starts or [Word(".", (("raw", "."),))]
     selective, deletes = False, False
     commands: list[Sequence[Word]] = []
@@ -317,6 +437,11 @@ def _find(checker: Checker, call: Call) -> Refusal | None:
             deletes = True
         elif value in _FIND_SELECTORS or value.startswith("-newer"):
             selective = True
+    if checker.collecting:
+        _note_find(
+            checker, call, starts=written, selective=selective, deletes=deletes, commands=commands
+        )
+        return None  # what is refused does not matter here: every destructive one is noted
     for command in commands:
         # `{}` is a file find selected: harmless when something selects, else anything
         rest = tuple(w for w in command if "{}" not in w.text)
@@ -338,6 +463,52 @@ def _find(checker: Checker, call: Call) -> Refusal | None:
                 if refusal is not None:
                     return refusal
     return None
+
+
+def _note_find(
+    checker: Checker,
+    call: Call,
+    *,
+    starts: tuple[Word, ...],
+    selective: bool,
+    deletes: bool,
+    commands: Sequence[Sequence[Word]],
+) -> None:
+    """Note ``find -delete`` and ``find -exec rm``, and what else ``-exec`` runs."""
+    where = _names(starts) or "the current directory"
+    what = "what it matches" if selective else "everything"
+    if deletes:
+        _note(checker, "find -delete", call, starts, f"find -delete deletes {what} under {where}")
+    others: list[tuple[Word, ...]] = []
+    removes: list[Call] = []
+    for command in commands:
+        inner = unwrap(checker, replace(call, words=tuple(command)))
+        if inner is not None and command_name(inner.words[0]) == "rm":
+            removes.append(inner)
+        else:
+            others.append(tuple(command))
+    if removes:
+        flags = [w.value for c in removes for w in c.words[1:] if w.value and w.value[0] == "-"]
+        recursive = any(_recursive(flag) for flag in flags if flag is not None)
+        inside = " and everything inside" if recursive and selective else ""
+        said = f"find -exec rm deletes {what} under {where}{inside}"
+        _note(checker, "find -exec rm", call, starts, said)
+    for command in others:
+        # as written (`sh -c 'rm -rf {}'`) and with `{}` a path (`git checkout {}`)
+        placeholder = tuple(
+            Word(w.text, (("lit", "./{}"),)) if "{}" in w.text else w for w in command
+        )
+        with checker.aside() as seen:
+            for variant in dict.fromkeys((command, placeholder)):
+                check_call(checker, replace(call, words=variant))
+        # and without it, as the floor reads it (`-exec {} rm -rf x`): only what is new
+        with checker.aside() as more:
+            check_call(
+                checker, replace(call, words=tuple(w for w in command if "{}" not in w.text))
+            )
+        known = {d.kind for d in seen}
+        for destruction in (*seen, *(d for d in more if d.kind not in known)):
+            checker.record(destruction)
 
 
 def _is_find_option(value: str) -> bool:
@@ -367,11 +538,13 @@ def _shell(checker: Checker, call: Call) -> Refusal | None:
         return checker.script(words[i].script, call.cwds, call) if i < len(words) else None
     if i < len(words):
         return None  # a script file: the floor does not read files
+    first: Refusal | None = None
     for source in call.stdin:
         refusal = checker.script(source, call.cwds, call)
-        if refusal is not None:
+        if refusal is not None and not checker.collecting:
             return refusal
-    return None
+        first = first or refusal
+    return first
 
 
 # --------------------------------------------------------------------------------------------
