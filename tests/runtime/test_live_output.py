@@ -124,7 +124,6 @@ def test_reads_in_a_parallel_batch_both_stream_their_output(tmp_path: Path) -> N
 
 def test_abort_during_live_output_still_kills_the_command(tmp_path: Path) -> None:
     agent = shell_agent(tmp_path, "while true; do echo tick; sleep 0.05; done")
-    began = time.monotonic()
     with agent.session("s") as session:
         outputs = 0
         for event in session.run_sync("tick"):
@@ -133,7 +132,6 @@ def test_abort_during_live_output_still_kills_the_command(tmp_path: Path) -> Non
                 if outputs == 1:
                     threading.Timer(0.2, session.abort).start()
         assert outputs >= 1
-        assert time.monotonic() - began < 10
         ended = session.events[-1]
         assert isinstance(ended, RunEnded) and ended.outcome.kind == "aborted"
         finished = next(e for e in session.events if isinstance(e, ExecutionFinished))

@@ -1,37 +1,32 @@
 """Headless runs: ``kiso -p "prompt" [sessionId]`` and ``kiso resume <id> [prompt]`` off a terminal.
 
 One turn, no UI, an exit code a script can trust: 0 only when the run completed. The session is
-recovery-first: an open run is carried to its end before a new prompt starts. Nobody is there to
-answer, so an approval that would ask is denied and the model is told why (a mode such as
-``accept-edits`` or ``bypass`` allows what it allows), and an uncertain execution stops the run
-with the list and the command to rule on it, unless ``--resolve rerun|skip|applied`` rules.
+recovery-first: an open run is carried to its end before a new prompt starts. The session is
+opened headless, so the runtime denies what would ask (``decided_by: "headless"``, the model told
+which modes would allow it), and an uncertain execution stops the run with the list and the
+command to rule on it, unless ``--resolve rerun|skip|applied`` rules. The session continues in
+the mode its log recorded unless ``--mode``/``KISO_MODE`` says otherwise; the header names it.
 
 ``--output-format``: ``text`` (the answer on stdout, notes on stderr), ``json`` (one result
-object), ``stream-json`` (one JSON object per event, then the result). The result carries the
-session id, the outcome, the answer, the provider's token counts and the cost (null when the
-model has no dated price).
+object), ``stream-json`` (the runtime's JSON form of every run event, one per line — see
+docs/runtime.md — then the result). The result carries the session id, the outcome, the answer,
+the provider's token counts and the cost (null when the model has no dated price).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import click
 
-from kiso.kernel import Assistant, Event, KisoError, Outcome, RunStarted
+from kiso.kernel import Assistant, Event, KisoError, Outcome, Ruling, RunStarted, parse_ruling
 from kiso.runtime import Session, stream
 
 __all__ = ["run_headless"]
-
-_RULINGS = {"rerun": "rerun", "skip": "skipped", "applied": "applied"}
-_DENIAL = (
-    "nobody can approve this in a headless run; rerun with --mode accept-edits or --mode "
-    "bypass, or use the interactive session"
-)
 
 
 def run_headless(
@@ -49,38 +44,28 @@ def run_headless(
     out = _Output(output_format)
     try:
         setup = prepare(model=model, mode=mode)
-        with open_session(setup, session_id) as session:
-            out.note(f"session {session.id} · {setup.resolved.describe()}")
+        ruling = parse_ruling(resolve) if resolve is not None else None
+        with open_session(setup, session_id, headless=True) as session:
+            out.note(f"session {session.id} · {setup.resolved.describe()} · mode {session.mode}")
             first = len(session.events)
             outcome: Outcome | None = None
             blocked = False
-            stages: list[Iterator[stream.RunEvent]] = [session.resume_sync()]
             for index in range(2):
-                if index == 1:
-                    if prompt is None or blocked:
-                        break
-                    stages.append(session.run_sync(prompt))
-                for ev in stages[index]:
-                    out.event(ev)
-                    if isinstance(ev, stream.ApprovalRequest):
-                        session.deny(ev.call_id, _DENIAL)
-                        out.note(f"denied {ev.call.name}: {_DENIAL}")
-                    elif isinstance(ev, stream.UncertainPending):
-                        pending = [u for u in ev.executions if not u.auto_rerun]
-                        if resolve is not None:
-                            for u in pending:
-                                session.resolve(u.execution_id, _RULINGS[resolve])  # type: ignore[arg-type]
-                        else:
-                            names = ", ".join(f"{u.name} ({u.execution_id})" for u in pending)
-                            out.note(
-                                f"uncertain executions need a ruling: {names}. They started and "
-                                f"never reported, so they may or may not have applied. Rule with: "
-                                f"kiso resume {session.id} --resolve rerun|skip|applied"
-                            )
-                    elif isinstance(ev, stream.Paused):
-                        blocked = True
-                    elif isinstance(ev, stream.Terminal):
-                        outcome = ev.outcome
+                if index == 1 and (prompt is None or blocked):
+                    break
+                stage = session.resume_sync() if index == 0 else session.run_sync(prompt or "")
+                with contextlib.closing(stage):  # an error mid-run still closes its loop
+                    for ev in stage:
+                        out.event(ev)
+                        if isinstance(ev, stream.Decision) and ev.event.decided_by == "headless":
+                            name = ev.call.name if ev.call is not None else ev.event.call_id
+                            out.note(f"denied {name}: {ev.event.reason}")
+                        elif isinstance(ev, stream.UncertainPending):
+                            _uncertain(out, session, ev, ruling)
+                        elif isinstance(ev, stream.Paused):
+                            blocked = True
+                        elif isinstance(ev, stream.Terminal):
+                            outcome = ev.outcome
             out.result(session, session.events[first:], outcome, blocked, began)
     except KisoError as exc:
         out.fail(str(exc))
@@ -90,6 +75,28 @@ def run_headless(
     if outcome is None:
         return 0 if prompt is None else 1
     return 0 if outcome.kind == "completed" else 1
+
+
+def _uncertain(
+    out: _Output, session: Session, ev: stream.UncertainPending, ruling: Ruling | None
+) -> None:
+    pending = [u for u in ev.executions if not u.auto_rerun]
+    if ruling is not None:
+        for u in pending:
+            session.resolve(u.execution_id, ruling)
+        return
+    names = ", ".join(f"{u.name} ({u.execution_id})" for u in pending)
+    running = [u.execution_id for u in pending if u.execution_id in ev.running]
+    still = (
+        f" Processes of {', '.join(running)} may still be running; a ruling waits for them."
+        if running
+        else ""
+    )
+    out.note(
+        f"uncertain executions need a ruling: {names}. They started and never reported, so "
+        f"they may or may not have applied.{still} Rule with: "
+        f"kiso resume {session.id} --resolve rerun|skip|applied"
+    )
 
 
 class _Output:
@@ -108,7 +115,7 @@ class _Output:
 
     def event(self, ev: stream.RunEvent) -> None:
         if self.kind == "stream-json":
-            self._line(_event_json(ev))
+            self._line(ev.to_json())
         elif self.kind == "text":
             if isinstance(ev, stream.TextDelta):
                 click.echo(ev.text, nl=False)
@@ -154,33 +161,6 @@ class _Output:
 
 def _why(outcome: Outcome) -> str:
     return outcome.message or outcome.kind
-
-
-def _event_json(ev: stream.RunEvent) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": ev.type}
-    if isinstance(ev, stream.TextDelta | stream.ThinkingDelta):
-        out["text"] = ev.text
-    elif isinstance(ev, stream.ModelTurn | stream.Decision | stream.Ruling):
-        out["event"] = ev.event.to_json()
-    elif isinstance(ev, stream.ToolOutput):
-        out.update(call=ev.call.to_json(), execution_id=ev.execution_id, text=ev.text)
-    elif isinstance(ev, stream.ToolStart | stream.ToolEnd):
-        out["call"] = ev.call.to_json()
-        out["event"] = ev.event.to_json()
-    elif isinstance(ev, stream.ApprovalRequest):
-        out["call"] = ev.call.to_json()
-    elif isinstance(ev, stream.UncertainPending):
-        out["executions"] = [
-            {"execution_id": u.execution_id, "call_id": u.call_id, "name": u.name}
-            for u in ev.executions
-        ]
-    elif isinstance(ev, stream.Retry):
-        out.update(attempt=ev.attempt, delay=ev.delay, error=ev.error)
-    elif isinstance(ev, stream.Paused):
-        out["reason"] = ev.reason
-    elif isinstance(ev, stream.Terminal):
-        out["outcome"] = ev.outcome.to_json()
-    return out
 
 
 def _summary(events: list[Event]) -> dict[str, Any]:

@@ -38,7 +38,6 @@ from kiso.kernel import (
 )
 from kiso.providers.registry import lookup
 from kiso.runtime import Session, stream
-from kiso.runtime.approvals import check_mode
 
 from .panels import Option, Panel, Tui, approval_panel, call_view, uncertain_panel
 from .render import (
@@ -316,9 +315,9 @@ class Repl:
             await self._decision(ev)
         elif isinstance(ev, stream.ApprovalRequest):
             await self.flush_text()
-            await show(call_view(ev.call, ws))
-            tool = self.setup.agent.tool(ev.call.name)
-            await self._approve(ev.call, approval_panel(ev.call, tool, ws))
+            offer = ev.offer or self.session.offer(ev.call_id)  # the runtime decided it
+            await show(call_view(ev.call, ws, warning=offer.warning))
+            await self._approve(ev.call, approval_panel(ev.call, offer))
         elif isinstance(ev, stream.ToolStart):
             self.cards[ev.call.call_id] = (ev.call, time.monotonic())
         elif isinstance(ev, stream.ToolOutput):
@@ -355,8 +354,7 @@ class Repl:
         d = ev.event
         if d.decided_by == "user" or d.decision != "denied":
             return
-        calls = {cs.call.call_id: cs.call for cs in self.session.fold.turn or ()}
-        call = calls.get(d.call_id)
+        call = ev.call
         what = f"{call.name} {shorten_end(target_of(call), 60)}" if call else d.call_id
         await self.screen.show(Text(f"  ✗ {what} denied by {d.decided_by}: {d.reason or ''}"))
 
@@ -390,7 +388,7 @@ class Repl:
         choice = await self.screen.ask(uncertain_panel(u))
         if choice is None:
             return False  # the run pauses, the question stays on disk
-        self.session.resolve(u.execution_id, choice.action)  # type: ignore[arg-type]
+        self.session.resolve(u.execution_id, choice.action)
         await self.screen.show(Text(f"  ✓ {choice.label}"))
         return True
 
@@ -470,19 +468,12 @@ class Repl:
             await self.screen.show(modes_view(self.session.mode))
             return
         try:
-            self.session.mode = check_mode(arg)
+            self.session.set_mode(arg)  # the runtime records it (setting_changed)
         except KisoError as exc:
             await self.screen.show(error_text(str(exc)))
             return
-        self._setting("mode", arg)
         await self.screen.show(Text(f"mode: {arg} · {MODE_HELP[arg]}"))
         self.screen.refresh()
-
-    def _setting(self, key: str, value: str) -> None:
-        """Record a mid-session change as a durable fact (``setting_changed``)."""
-        from kiso.kernel import SettingChanged
-
-        self.session.append(SettingChanged(key=key, value=value, run=self.session.fold.open_run))
 
     async def _switch_model(self, name: str) -> None:
         """Switch the session's model for the turns that follow."""
@@ -501,7 +492,7 @@ class Repl:
         agent.profile = resolved.profile.name if resolved.profile else None
         agent.strip_env = resolved.strip_env
         self.setup = dataclasses.replace(self.setup, resolved=resolved)
-        self._setting("model", name)
+        self.session.record_setting("model", name)
         await self.screen.show(Text(f"model: {resolved.describe()} (for the turns that follow)"))
         self.screen.refresh()
 

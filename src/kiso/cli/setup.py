@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiso.kernel import JsonlSessionStore, KisoError, SessionNotFoundError, kiso_home
+from kiso.kernel import JsonlSessionStore, SessionNotFoundError, UsageError, kiso_home
 from kiso.runtime import Agent, Session
 from kiso.runtime.config import Config, load_config
 from kiso.runtime.models import ResolvedModel, build_adapter, resolve_model
@@ -43,8 +43,12 @@ def prepare(*, model: str | None, mode: str | None, workspace: Path | None = Non
     return Setup(agent, config, resolved, ws)
 
 
-def open_session(setup: Setup, session_id: str | None) -> Session:
-    """Open (or create) a session; one that started in another workspace is refused by name."""
+def open_session(setup: Setup, session_id: str | None, *, headless: bool = False) -> Session:
+    """Open (or create) a session; one that started in another workspace is refused by name.
+
+    The session continues in the mode its log last recorded unless ``--mode``/``KISO_MODE``
+    overrides it (the change is recorded); ``headless``: nobody is there to answer questions.
+    """
     if session_id is not None:
         store = setup.agent.store
         try:
@@ -52,8 +56,8 @@ def open_session(setup: Setup, session_id: str | None) -> Session:
         except SessionNotFoundError:
             header = None
         if header is not None and header.workspace != str(setup.workspace):
-            raise KisoError(
+            raise UsageError(
                 f"session {session_id} belongs to {header.workspace}; a session resumes only in "
                 f"its own workspace: cd {header.workspace} && kiso resume {session_id}"
             )
-    return setup.agent.session(session_id)
+    return setup.agent.session(session_id, mode=setup.config.mode_override, headless=headless)

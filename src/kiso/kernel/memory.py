@@ -1,7 +1,9 @@
 """An in-memory session store with the same contract as the JSONL one.
 
 For tests, examples and runs where durability is deliberately off: nothing survives the process.
-The single-writer rule still holds within the process.
+The single-writer rule still holds within the process, and every appended event is checked field
+by field exactly as the loader checks it (events are not turned into log lines: nothing is
+written).
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ __all__ = ["MemorySessionStore", "MemoryWriter"]
 
 
 class MemoryWriter(SessionWriter):
+    inline_io = True
+    serialises = False  # nothing is written; every field is still checked as the loader would
+
     def __init__(
         self, store: MemorySessionStore, header: SessionHeader, events: list[Event], clock: Clock
     ) -> None:
-        super().__init__(SessionLog(header, ()), clock)
+        super().__init__(SessionLog(header, tuple(events)), clock)
         self._events = events  # appends land in the store's own list
         self._store = store
 
     def _write(self, data: bytes, count: int) -> None:
-        # SessionWriter.append extends self.events after this returns; the store shares that list.
+        # Staging already put the events in self._events, which is the store's own list.
         pass
 
     def _release(self) -> None:

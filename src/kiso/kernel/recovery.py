@@ -87,7 +87,8 @@ class Decide:
 
 @dataclass(frozen=True, slots=True)
 class Execute:
-    """Execute these approved calls with their persisted input."""
+    """Execute these approved calls with their persisted input (for a rerun: the input its
+    ``execution_started`` recorded)."""
 
     calls: tuple[ToolCall, ...]
 
@@ -165,7 +166,7 @@ def plan_replay(state: Replay, *, rerunnable: Collection[str] = ()) -> Action:
         undecided = tuple(cs.call for cs, s in statuses if s == CallStatus.UNDECIDED)
         if undecided:
             return Decide(undecided)
-        approved = tuple(cs.call for cs, s in statuses if s == CallStatus.APPROVED)
+        approved = tuple(cs.to_execute for cs, s in statuses if s == CallStatus.APPROVED)
         if approved:
             return Execute(approved)
     last = state.last_in_run

@@ -34,6 +34,7 @@ from kiso.kernel.events import (
     Outcome,
     RunEnded,
     RunStarted,
+    SettingChanged,
     TextBlock,
     ToolCall,
     User,
@@ -95,6 +96,7 @@ class CallState:
         "digest",
         "receipt",
         "request",
+        "rerun_of",
         "resolution",
         "result",
         "run",
@@ -115,7 +117,17 @@ class CallState:
         """Executions of this call that started and have neither a receipt nor a ruling."""
         self.receipt: ExecutionFinished | None = None
         self.resolution: ExecutionResolved | None = None
+        self.rerun_of: ExecutionStarted | None = None
+        """The start a person ruled ``rerun``: the next execution runs its recorded input."""
         self.result: ToolResultMessage | None = None
+
+    @property
+    def to_execute(self) -> ToolCall:
+        """The call to run next: a rerun runs the input its ``execution_started`` recorded."""
+        started = self.rerun_of
+        if started is None:
+            return self.call
+        return ToolCall(self.call.call_id, started.name, started.input)
 
     @property
     def status(self) -> str:
@@ -175,6 +187,7 @@ class Replay:
         "last_outcome",
         "last_role",
         "messages",
+        "mode",
         "open_run",
         "render",
         "run_turns",
@@ -210,6 +223,8 @@ class Replay:
         """Committed model turns in the open run."""
         self.user_inputs = 0
         self.updated = 0
+        self.mode: str | None = None
+        """The approval mode the log last recorded (``run_started`` or ``setting_changed``)."""
         self._anchors: list[int] = []  # the seq each message stands for, parallel to messages
         self._calls: dict[str, CallState] = {}  # call_id -> the latest open call declaring it
         self._by_execution: dict[str, CallState] = {}
@@ -263,8 +278,11 @@ class Replay:
 
     def feed(self, events: Iterable[Event]) -> Replay:
         """Fold ``events`` (the next ones, in seq order) into the state; returns ``self``."""
-        with gc_paused():
-            self._feed(events)
+        if isinstance(events, tuple) and len(events) < 64:
+            self._feed(events)  # a live append: too few objects for the collector to matter
+        else:
+            with gc_paused():
+                self._feed(events)
         return self
 
     def _feed(self, events: Iterable[Event]) -> None:
@@ -316,7 +334,8 @@ class Replay:
                     cs.request = ev
             elif isinstance(ev, ExecutionResolved):
                 cs = by_execution.get(ev.execution_id)
-                if cs is not None and cs.running.pop(ev.execution_id, None) is not None:
+                started = cs.running.pop(ev.execution_id, None) if cs is not None else None
+                if cs is not None and started is not None:
                     del running[ev.execution_id]
                     del by_execution[ev.execution_id]
                     cs.resolution = ev
@@ -325,7 +344,8 @@ class Replay:
                             self._settle(cs, SKIPPED, True)
                         elif ev.resolution == "applied":
                             self._settle(cs, APPLIED, False)
-                        # "rerun": the call is approved again and its next execution settles it
+                        else:  # rerun: approved again; its next execution settles it
+                            cs.rerun_of = started
             elif isinstance(ev, User):
                 self._close_turn()
                 content = (TextBlock(ev.content),) if isinstance(ev.content, str) else ev.content
@@ -337,6 +357,7 @@ class Replay:
                     self.title = ev.text
             elif isinstance(ev, RunStarted):
                 self._close_turn()
+                self.mode = ev.mode
                 self.open_run = ev.run
                 self.last_in_run = None
                 self.run_turns = 0
@@ -347,6 +368,9 @@ class Replay:
                     self.open_run = None
                     self.last_in_run = None
                 self.last_outcome = ev.outcome
+            elif isinstance(ev, SettingChanged):
+                if ev.key == "mode" and isinstance(ev.value, str):
+                    self.mode = ev.value
             elif isinstance(ev, Compacted):
                 covers = self._covers = max(self._covers, ev.covers_to_seq)
                 if self._last_anchor <= covers:

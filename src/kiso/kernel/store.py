@@ -1,31 +1,62 @@
 """The session store contract, and the writer logic both implementations share.
 
 A store creates sessions, opens one for writing (one writer per session at a time), loads one for
-reading (no lock needed) and lists them. A :class:`SessionWriter` appends one or several events at
-once: it stamps ``seq`` and ``ts``, validates each event exactly as the loader will, writes them as
-one batch and makes the batch durable before returning. After ``append`` returns, the events are
-on disk; before it returns, the caller must not act on them.
+reading (no lock needed) and lists them. A :class:`SessionWriter` is the one writer of a session.
+It stamps ``seq`` and ``ts`` and validates each event exactly as the loader will, then:
+
+* :meth:`~SessionWriter.append` writes the events as one batch and makes it durable (one
+  ``write``, one ``fsync``) before returning: after it returns they are on disk, before it returns
+  the caller must not act on them;
+* :meth:`~SessionWriter.stage` adds events to the next batch without any I/O, and
+  :meth:`~SessionWriter.flush` (start writing it in the background), :meth:`~SessionWriter.commit`
+  (block until it is durable) and ``await`` :meth:`~SessionWriter.committed` (the same without
+  blocking an event loop) make staged events durable, in order, several batches in one ``fsync``
+  when they queue up behind each other (group commit).
+
+The runtime stages what nothing acts on yet and waits only where DURABILITY.md's write order
+demands it (the fsync budget): that is how a round with effects costs two fsyncs and a read-only
+round one, and how many sessions share one event loop without a fsync ever blocking it. Batches of
+different sessions are written by a shared pool of I/O threads, so their fsyncs overlap.
+docs/adr/0012-the-fsync-budget.md says why.
+
+A batch that fails to write (a full disk) is taken back so the file still ends on a whole record,
+and the writer refuses everything after it: what was staged but not written is named in the error,
+and the session must be opened again (from what is on disk).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
+import atexit
+import contextlib
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from kiso.kernel.errors import AppendError, EventError
-from kiso.kernel.events import Event, SessionHeader, dumps_line, event_from_json
+from kiso.kernel.events import (
+    Assistant,
+    Event,
+    ExecutionStarted,
+    SessionHeader,
+    dumps_line,
+    event_from_json,
+)
 
 if TYPE_CHECKING:
     from kiso.kernel.listing import SessionInfo
 
-__all__ = ["Clock", "SessionLog", "SessionStore", "SessionWriter", "wall_clock_ms"]
+__all__ = ["Clock", "DurableHook", "SessionLog", "SessionStore", "SessionWriter", "wall_clock_ms"]
 
 Clock = Callable[[], int]
 """Returns the current time in unix milliseconds."""
+
+DurableHook = Callable[[Sequence[Event]], None]
+"""Called with the events of each batch once it is durable (from whichever thread wrote it)."""
 
 
 def wall_clock_ms() -> int:
@@ -73,8 +104,40 @@ class SessionStore(Protocol):
         ...
 
 
+_POOL_SIZE = 32
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _io_pool() -> ThreadPoolExecutor:
+    """The threads that write batches for every writer of this process (created on first use)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_POOL_SIZE, thread_name_prefix="kiso-log")
+        return _pool
+
+
+def _wake(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if not future.done():
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+
 class SessionWriter(ABC):
-    """The one writer of one session. Use it as a context manager or call :meth:`close`."""
+    """The one writer of one session. Use it as a context manager or call :meth:`close`.
+
+    Safe to use from several threads (every method takes the writer's own locks), though a
+    session is normally driven from one.
+    """
+
+    inline_io = False
+    """Write batches on the calling thread (a store with no real I/O, like the memory store)."""
+    serialises = True
+    """Events are turned into log lines (a store that writes nothing may skip it: every field is
+    still checked exactly as the loader checks it)."""
 
     def __init__(self, log: SessionLog, clock: Clock) -> None:
         self.header = log.header
@@ -82,6 +145,22 @@ class SessionWriter(ABC):
         self._events: list[Event] = list(log.events)
         self._clock = clock
         self._closed = False
+        self.on_durable: DurableHook | None = None
+        """Called with each durable batch's events (the failpoint uses it)."""
+        self._state = threading.Lock()  # guards everything below
+        self._io = threading.Lock()  # one batch on its way to disk at a time, in seq order
+        self._lines: list[bytes] = []  # staged, not yet handed to _write
+        self._staged: list[Event] = []
+        self._durable = self._events[-1].seq if self._events else 0
+        self._wanted = self._durable  # the highest seq a flush was asked for
+        self._flushing = False  # a background flush is queued or running
+        self._failed: AppendError | None = None
+        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._turn: dict[str, object] = {}  # call id -> input, for the last assistant record
+        for event in reversed(self._events):
+            if isinstance(event, Assistant):
+                self._turn = {c.call_id: c.input for c in event.calls}
+                break
 
     @property
     def id(self) -> str:
@@ -89,7 +168,7 @@ class SessionWriter(ABC):
 
     @property
     def events(self) -> Sequence[Event]:
-        """Every committed event, including those this writer appended."""
+        """Every event of the session, staged ones included (in ``seq`` order)."""
         return self._events
 
     @property
@@ -98,53 +177,210 @@ class SessionWriter(ABC):
         return self._events[-1].seq + 1 if self._events else 1
 
     @property
+    def durable_seq(self) -> int:
+        """The highest seq known to be on disk (0 when only the header is)."""
+        return self._durable
+
+    @property
+    def pending(self) -> int:
+        """How many staged events are not durable yet."""
+        last = self._events[-1].seq if self._events else 0
+        return last - self._durable
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
     def log(self) -> SessionLog:
         return SessionLog(self.header, tuple(self._events), self.path)
 
-    def append(self, *events: Event) -> tuple[Event, ...]:
-        """Stamp, validate, write and make durable ``events`` as one batch; return them stamped.
+    # ------------------------------------------------------------------ staging
 
-        An event built with the default ``seq`` (-1) gets the next one; an event that names a
-        seq must name exactly the next one (a compare-and-set against lost updates). ``ts`` is
-        stamped with the store's clock unless set. Nothing is written unless every event is valid.
+    def stage(self, *events: Event) -> tuple[Event, ...]:
+        """Stamp and validate ``events`` and add them to the next batch; return them stamped.
+
+        No I/O: they are part of :attr:`events` at once and become durable with the next
+        :meth:`flush`, :meth:`commit`, :meth:`committed` or :meth:`append`. An event built with
+        the default ``seq`` (-1) gets the next one; an event that names a seq must name exactly
+        the next one (a compare-and-set against lost updates). ``ts`` is stamped with the store's
+        clock unless set. Nothing is staged unless every event is valid.
         """
-        if self._closed:
-            raise AppendError(f"session {self.id}: the writer is closed; open the session again")
         if not events:
             return ()
-        seq = self.next_seq
-        now = self._clock()
-        stamped: list[Event] = []
-        lines: list[bytes] = []
-        for event in events:
-            if event.seq not in (-1, seq):
-                raise AppendError(
-                    f"session {self.id}: an event asked for seq {event.seq} but the next seq is "
-                    f"{seq}; rebuild it from the current log"
-                )
-            ready = dataclasses.replace(event, seq=seq, ts=event.ts or now)
-            try:
-                obj = ready.to_json()
-                line = dumps_line(obj)
-                event_from_json(obj)  # the loader's own check: never write what cannot load
-            except (EventError, TypeError, ValueError) as exc:
-                raise AppendError(
-                    f"session {self.id}: refused to append an invalid {event.type} event: {exc}"
-                ) from None
-            stamped.append(ready)
-            lines.append(line)
-            seq += 1
-        self._write(b"".join(lines), len(lines))
-        self._events.extend(stamped)
+        with self._state:
+            self._usable()
+            seq = self.next_seq
+            now = self._clock()
+            turn = self._turn
+            serialises = self.serialises
+            stamped: list[Event] = []
+            lines: list[bytes] = []
+            for event in events:
+                if event.seq not in (-1, seq):
+                    raise AppendError(
+                        f"session {self.id}: an event asked for seq {event.seq} but the next seq "
+                        f"is {seq}; rebuild it from the current log"
+                    )
+                try:
+                    obj = event.to_json()
+                    obj["seq"] = seq
+                    obj["ts"] = event.ts or now
+                    if serialises:
+                        lines.append(dumps_line(obj))
+                    # The loader's own check, which also builds the stamped event: never write
+                    # what cannot load.
+                    stamped.append(event_from_json(obj))
+                except (EventError, TypeError, ValueError) as exc:
+                    raise AppendError(
+                        f"session {self.id}: refused to append an invalid {event.type} event: {exc}"
+                    ) from None
+                seq += 1
+            self._events.extend(stamped)
+            self._staged.extend(stamped)
+            self._lines.extend(lines)
+            self._turn = turn
         return tuple(stamped)
 
+    def _check_turn(self, event: Event, turn: dict[str, object]) -> dict[str, object]:
+        """The loader's cross-record check: a start runs exactly the input its call was given."""
+        if isinstance(event, Assistant):
+            return {c.call_id: c.input for c in event.calls}
+        if (
+            isinstance(event, ExecutionStarted)
+            and event.call_id in turn
+            and turn[event.call_id] != event.input
+        ):
+            raise AppendError(
+                f"session {self.id}: refused to append execution_started {event.execution_id}: "
+                f"its input differs from the one the assistant record gave call {event.call_id}"
+            )
+        return turn
+
+    def append(self, *events: Event) -> tuple[Event, ...]:
+        """Stage ``events`` and make them (and everything staged before) durable; blocks."""
+        stamped = self.stage(*events)
+        self.commit()
+        return stamped
+
+    # ------------------------------------------------------------------ making it durable
+
+    def commit(self) -> None:
+        """Block until every staged event is durable (writing on this thread if need be)."""
+        self._drain()
+        with self._state:
+            self._usable()
+
+    def flush(self) -> None:
+        """Start making every staged event durable, in the background; returns at once."""
+        with self._state:
+            self._usable()
+            last = self._events[-1].seq if self._events else 0
+            if last <= self._durable:
+                return
+            self._wanted = max(self._wanted, last)
+            if self._flushing:
+                return  # the running flush writes it before it stops
+            if self.inline_io:
+                start = False
+            else:
+                self._flushing = start = True
+        if start:
+            _io_pool().submit(self._flush_in_background)
+        else:
+            self._drain()
+
+    async def committed(self, upto: int | None = None) -> None:
+        """Wait, without blocking the event loop, until ``upto`` (default: every staged event)
+        is durable. Raises :class:`AppendError` if the batch holding it failed."""
+        if self.inline_io:  # nothing to wait for: write it here
+            self.commit()
+            return
+        with self._state:
+            self._usable()
+            target = upto if upto is not None else (self._events[-1].seq if self._events else 0)
+            if target <= self._durable:
+                return
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((target, loop, future))
+        self.flush()
+        await future
+
+    def _flush_in_background(self) -> None:
+        while True:
+            with contextlib.suppress(AppendError):  # recorded in _failed; waiters were told
+                self._drain()
+            with self._state:
+                if self._failed is not None or self._durable >= self._wanted:
+                    self._flushing = False
+                    return
+
+    def _drain(self) -> None:
+        """Write everything staged as one batch (one write, one fsync), then wake the waiters."""
+        with self._io:
+            with self._state:
+                if self._failed is not None or not self._staged:
+                    return
+                data = b"".join(self._lines)
+                batch = self._staged
+                self._lines, self._staged = [], []
+            try:
+                self._write(data, len(batch))
+            except AppendError as exc:
+                self._fail(exc, batch)
+                raise
+            except OSError as exc:  # a store that did not say what it was doing
+                error = AppendError(f"session {self.id}: could not write the log: {exc}")
+                self._fail(error, batch)
+                raise error from exc
+            with self._state:
+                self._durable = batch[-1].seq
+                ready = [w for w in self._waiters if w[0] <= self._durable]
+                self._waiters = [w for w in self._waiters if w[0] > self._durable]
+            for _, loop, future in ready:
+                self._notify(loop, future, None)
+            hook = self.on_durable
+            if hook is not None:
+                hook(batch)
+
+    def _fail(self, exc: AppendError, batch: Sequence[Event]) -> None:
+        with self._state:
+            lost = len(batch) + len(self._staged)
+            self._failed = AppendError(
+                f"{exc} The session's writer stopped: {lost} event(s) from seq {batch[0].seq} on "
+                f"were not committed (the log on disk ends at seq {self._durable}, intact). Open "
+                f"the session again to continue from there."
+            )
+            waiters, self._waiters = self._waiters, []
+        for _, loop, future in waiters:
+            self._notify(loop, future, self._failed)
+
+    @staticmethod
+    def _notify(
+        loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], error: BaseException | None
+    ) -> None:
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(_wake, future, error)
+
+    def _usable(self) -> None:
+        """Raise if nothing more may be appended (call with ``_state`` held)."""
+        if self._failed is not None:
+            raise self._failed
+        if self._closed:
+            raise AppendError(f"session {self.id}: the writer is closed; open the session again")
+
+    # ------------------------------------------------------------------ lifetime
+
     def close(self) -> None:
-        """Release the writer lock. Idempotent."""
-        if not self._closed:
-            self._closed = True
+        """Make staged events durable, then release the writer lock. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._failed is None:
+                self._drain()
+        finally:
+            with self._state:
+                self._closed = True
             self._release()
 
     def __enter__(self) -> SessionWriter:
@@ -155,8 +391,17 @@ class SessionWriter(ABC):
 
     @abstractmethod
     def _write(self, data: bytes, count: int) -> None:
-        """Persist ``data`` (``count`` complete lines) durably, all of it or raise."""
+        """Persist ``data`` (``count`` complete lines) durably, all of it or raise (taking back
+        any part written, so the file still ends on a whole record)."""
 
     @abstractmethod
     def _release(self) -> None:
         """Give up the writer lock."""
+
+
+@atexit.register
+def _drain_pool() -> None:  # pragma: no cover - process exit
+    """Let queued batches reach the disk before the interpreter goes."""
+    pool = _pool
+    if pool is not None:
+        pool.shutdown(wait=True)

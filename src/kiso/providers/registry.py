@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiso.kernel import KisoError, Usage
+from kiso.kernel import Usage, UsageError
 
 __all__ = ["DEFAULT", "MODELS", "ModelInfo", "Price", "check_effort", "cost", "lookup"]
 
@@ -95,7 +95,7 @@ def check_effort(model: str, effort: str | None) -> str | None:
     info = lookup(model)
     if effort not in info.efforts:
         levels = ", ".join(info.efforts) if info.efforts else "none (it takes no effort setting)"
-        raise KisoError(f"model {model} has no effort level {effort!r}; its levels: {levels}")
+        raise UsageError(f"model {model} has no effort level {effort!r}; its levels: {levels}")
     return effort
 
 

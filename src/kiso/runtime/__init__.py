@@ -1,10 +1,12 @@
-"""The agent runtime: ``Agent``, ``Session``, the loop, approvals, resume."""
+"""The agent runtime: ``Agent``, ``Session``, the loop, approvals, hooks, resume."""
 
 from kiso.runtime.agent import Agent
-from kiso.runtime.approvals import MODES, CallContext, Policy, Verdict
+from kiso.runtime.approvals import MODES
+from kiso.runtime.hooks import CallContext, Hook, HookFailed, Policy, RunInfo, Verdict
 from kiso.runtime.rules import Rule, RulesFile
 from kiso.runtime.session import Session
 from kiso.runtime.stream import (
+    STREAM_VERSION,
     ApprovalRequest,
     Decision,
     ModelTurn,
@@ -19,14 +21,18 @@ from kiso.runtime.stream import (
     ToolOutput,
     ToolStart,
     UncertainPending,
+    event_to_json,
 )
 
 __all__ = [
     "MODES",
+    "STREAM_VERSION",
     "Agent",
     "ApprovalRequest",
     "CallContext",
     "Decision",
+    "Hook",
+    "HookFailed",
     "ModelTurn",
     "Paused",
     "Policy",
@@ -35,6 +41,7 @@ __all__ = [
     "RulesFile",
     "Ruling",
     "RunEvent",
+    "RunInfo",
     "Session",
     "Terminal",
     "TextDelta",
@@ -44,4 +51,5 @@ __all__ = [
     "ToolStart",
     "UncertainPending",
     "Verdict",
+    "event_to_json",
 ]

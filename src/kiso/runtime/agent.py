@@ -15,24 +15,29 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from kiso.kernel import (
     JsonlSessionStore,
-    KisoError,
     SessionNotFoundError,
     SessionStore,
+    ToolCall,
+    UsageError,
     kiso_home,
 )
 from kiso.kernel.events import Trigger
 from kiso.providers.base import Adapter, ToolSpec
-from kiso.runtime.approvals import FloorPolicy, ModePolicy, Policy, RulesPolicy, check_mode
+from kiso.runtime.approvals import FloorHook, ModeHook, RulesHook, as_hooks, check_mode
+from kiso.runtime.hooks import Hook, HookChain, Policy
 from kiso.runtime.rules import RULES_FILE, RulesFile
 from kiso.runtime.session import Session
 from kiso.tools.base import Tool
+
+if TYPE_CHECKING:
+    from kiso.runtime.offers import Offer
 
 __all__ = ["Agent"]
 
@@ -53,6 +58,7 @@ class Agent:
         max_retries: int = 4,
         retry_base_delay: float = 0.5,
         idle_timeout: float = 120.0,
+        hooks: Sequence[Hook] = (),
         policies: Sequence[Policy] = (),
         rules: RulesFile | None = None,
         floor: bool = True,
@@ -64,7 +70,7 @@ class Agent:
         names = [t.name for t in tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise KisoError(f"two tools are named {', '.join(duplicates)}; names must be unique")
+            raise UsageError(f"two tools are named {', '.join(duplicates)}; names must be unique")
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
         self.store: SessionStore = store if store is not None else JsonlSessionStore()
         self.system_prompt = system_prompt
@@ -75,9 +81,13 @@ class Agent:
         self.max_retries = max_retries
         self.retry_base_delay = retry_base_delay
         self.idle_timeout = idle_timeout
-        self.extra_policies = tuple(policies)
         self.rules = rules if rules is not None else RulesFile(kiso_home() / RULES_FILE)
         self.floor = floor
+        self.hooks = HookChain(
+            [FloorHook(floor), ModeHook(), RulesHook(self.rules), *as_hooks(policies), *hooks]
+        )
+        """Every hook point's hooks: the floor, the mode and the rules first, then the agent's."""
+        self._specs = [ToolSpec(t.name, t.description, t.parameters) for t in tools]
         self.home = Path(home) if home is not None else Path.home()
         self.strip_env = tuple(strip_env)
         self.trigger: Trigger = trigger
@@ -86,20 +96,36 @@ class Agent:
             try:
                 Draft202012Validator.check_schema(tool.parameters)
             except SchemaError as exc:
-                raise KisoError(
+                raise UsageError(
                     f"tool {tool.name!r}: its parameters are not a valid JSON Schema: {exc.message}"
                 ) from None
 
     # ------------------------------------------------------------------ sessions
 
-    def session(self, id: str | None = None) -> Session:
-        """Open session ``id`` for writing (creating it if it does not exist), or a new one."""
+    def session(
+        self, id: str | None = None, *, mode: str | None = None, headless: bool = False
+    ) -> Session:
+        """Open session ``id`` for writing (creating it if it does not exist), or a new one.
+
+        ``mode`` overrides the mode the session's log recorded (a ``--mode`` flag): the change
+        is recorded. Without it the session continues in its recorded mode, else the agent's.
+        ``headless``: nobody can answer questions, so an ask is denied by ``headless``.
+        """
+        if mode is not None:
+            check_mode(mode)
+        writer = None
         if id is not None:
             try:
-                return Session(self, self.store.open(id))
+                writer = self.store.open(id)
             except SessionNotFoundError:
-                pass
-        return Session(self, self.store.create(str(self.workspace), session_id=id))
+                writer = None
+        if writer is None:
+            writer = self.store.create(str(self.workspace), session_id=id)
+        try:
+            return Session(self, writer, mode=mode, headless=headless)
+        except BaseException:
+            writer.close()
+            raise
 
     # ------------------------------------------------------------------ what the loop asks
 
@@ -111,25 +137,22 @@ class Agent:
         return frozenset(name for name, tool in self.tools.items() if tool.rerunnable)
 
     def tool_specs(self) -> list[ToolSpec]:
-        return [ToolSpec(t.name, t.description, t.parameters) for t in self.tools.values()]
+        return list(self._specs)
 
-    def policies(self, mode: str | None = None) -> list[Policy]:
-        """The approval chain: the floor, the mode, the rules, then the host's policies."""
-        return [
-            FloorPolicy(self.floor),
-            ModePolicy(mode or self.mode),
-            RulesPolicy(self.rules),
-            *self.extra_policies,
-        ]
+    def offer(self, call: ToolCall) -> Offer:
+        """What an approval of ``call`` may offer: the one place that decides it."""
+        from kiso.runtime.offers import approval_offer
+
+        return approval_offer(call, self.tool(call.name), self.workspace, self.home)
 
     def input_problem(self, tool: Tool, value: dict[str, Any]) -> str | None:
         """Why ``value`` does not fit the tool's schema, or None."""
         validator = self._validators.get(tool.name)
         if validator is None:
             validator = self._validators[tool.name] = Draft202012Validator(tool.parameters)
-        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
-        if not errors:
+        if validator.is_valid(value):
             return None
+        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
         first = errors[0]
         where = "/".join(str(p) for p in first.absolute_path) or "the input"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -149,11 +172,11 @@ def _default_adapter(model: str | None) -> Adapter:
     if script:
         return FauxAdapter.from_file(script)
     if model in (None, "faux"):
-        raise KisoError(
+        raise UsageError(
             "no model adapter: pass adapter=..., or set KISO_FAUX_SCRIPT to a script file to use "
             "the scripted model"
         )
-    raise KisoError(
+    raise UsageError(
         f"no adapter for model {model!r}: pass adapter=... (provider adapters come with kiso's "
         f"provider support), or set KISO_FAUX_SCRIPT to run the scripted model"
     )

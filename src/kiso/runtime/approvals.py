@@ -1,10 +1,13 @@
-"""The approval chain: policies that each allow, deny, ask, or abstain; composed deny > allow > ask.
+"""The approval chain: ``before_tool`` hooks that allow, deny, ask or abstain; deny > allow > ask.
 
-The chain for a call is: the catastrophe floor (deny only, in every mode), the mode, the
-"don't ask again" rules, then any policies the host adds. Every policy sees every call; the
-composition takes the first deny, else the first allow, else the first ask (its policy is the
-"speaker" of the question). A policy that raises counts as an ask. If every policy abstains, a
-human is asked. In ``dontAsk`` mode, an ask becomes a deny: nobody is there to answer.
+The chain for a call is: the catastrophe floor (:class:`FloorHook`, deny only, in every mode),
+the session's mode (:class:`ModeHook`), the "don't ask again" rules (:class:`RulesHook`), then
+the agent's own hooks and policies (:mod:`kiso.runtime.hooks`): built-ins plug in exactly as
+extensions do. Every hook sees every call; the composition takes the first deny, else the first
+allow, else the first ask (its hook is the "speaker" of the question). A hook that raises counts
+as an ask. If every hook abstains, a human is asked. In ``dontAsk`` mode an ask becomes a deny,
+and in a headless run (nobody to ask) it becomes a deny by ``headless`` naming the modes that
+would allow the call (:func:`allowing_modes`).
 
 Modes (``mode:<name>`` in ``decided_by``):
 
@@ -19,23 +22,24 @@ bypass           everything allowed (the floor still denies)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
 
-from kiso.kernel import KisoError, ToolCall
+from kiso.kernel import UsageError
+from kiso.runtime.hooks import CallContext, Hook, Policy, PolicyHook, Verdict
 from kiso.runtime.rules import PROTECTED_DIRS, RulesFile
-from kiso.tools.base import Effects, Tool
+from kiso.tools.base import Effects
 
 __all__ = [
     "MODES",
     "CallContext",
-    "FloorPolicy",
-    "ModePolicy",
+    "FloorHook",
+    "ModeHook",
     "Policy",
-    "RulesPolicy",
+    "RulesHook",
     "Verdict",
+    "allowing_modes",
+    "as_hooks",
     "check_mode",
     "compose",
 ]
@@ -45,67 +49,43 @@ MODES = ("default", "accept-edits", "plan", "dontAsk", "bypass")
 
 def check_mode(mode: str) -> str:
     if mode not in MODES:
-        raise KisoError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        raise UsageError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     return mode
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    decision: Literal["allow", "deny", "ask"]
-    by: str
-    reason: str | None = None
-    rule: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CallContext:
-    call: ToolCall
-    tool: Tool | None
-    workspace: Path
-    home: Path
-
-
-class Policy(Protocol):
-    name: str
-
-    def decide(self, ctx: CallContext) -> Verdict | None:
-        """A verdict, or None to abstain."""
-        ...
 
 
 def _effects(ctx: CallContext) -> Effects:
     return ctx.tool.effects if ctx.tool is not None else Effects.OTHER
 
 
-class ModePolicy:
-    def __init__(self, mode: str) -> None:
-        self.mode = check_mode(mode)
-        self.name = f"mode:{mode}"
+class ModeHook(Hook):
+    """The session's approval mode (``ctx.mode``), as the voice ``mode:<name>``."""
 
-    def decide(self, ctx: CallContext) -> Verdict | None:
+    name = "mode"
+
+    def before_tool(self, ctx: CallContext) -> Verdict | None:
+        mode = ctx.mode
+        by = f"mode:{mode}"
         effects = _effects(ctx)
-        if self.mode == "bypass":
-            return Verdict("allow", self.name, "bypass mode allows every call")
+        if mode == "bypass":
+            return Verdict("allow", by, "bypass mode allows every call")
         if effects is Effects.READ:
-            return Verdict("allow", self.name, "reads are allowed")
-        if self.mode == "plan":
+            return Verdict("allow", by, "reads are allowed")
+        if mode == "plan":
             return Verdict(
-                "deny",
-                self.name,
-                "plan mode is read-only: describe the change instead of making it",
+                "deny", by, "plan mode is read-only: describe the change instead of making it"
             )
-        if self.mode == "accept-edits" and effects is Effects.EDIT:
+        if mode == "accept-edits" and effects is Effects.EDIT:
             path = ctx.call.input.get("path")
             parts = Path(str(path)).parts if isinstance(path, str) else ()
             if any(p in PROTECTED_DIRS for p in parts):
-                return Verdict("ask", self.name, "edits under .git/ or .kiso/ always ask")
-            return Verdict("allow", self.name, "accept-edits mode allows file edits")
-        if self.mode == "dontAsk":
+                return Verdict("ask", by, "edits under .git/ or .kiso/ always ask")
+            return Verdict("allow", by, "accept-edits mode allows file edits")
+        if mode == "dontAsk":
             return None  # abstain: an ask from the composition becomes a deny
-        return Verdict("ask", self.name)
+        return Verdict("ask", by)
 
 
-class FloorPolicy:
+class FloorHook(Hook):
     """The catastrophe floor: denies destructive commands on unrecoverable targets."""
 
     name = "floor"
@@ -113,7 +93,7 @@ class FloorPolicy:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
 
-    def decide(self, ctx: CallContext) -> Verdict | None:
+    def before_tool(self, ctx: CallContext) -> Verdict | None:
         if not self.enabled or _effects(ctx) is not Effects.SHELL:
             return None
         command = ctx.call.input.get("command")
@@ -127,13 +107,16 @@ class FloorPolicy:
         return Verdict("deny", "floor", refusal.reason)
 
 
-class RulesPolicy:
+class RulesHook(Hook):
+    """The "don't ask again" rules: allow-only."""
+
     name = "rules"
+    allow_only = True
 
     def __init__(self, rules: RulesFile) -> None:
         self.rules = rules
 
-    def decide(self, ctx: CallContext) -> Verdict | None:
+    def before_tool(self, ctx: CallContext) -> Verdict | None:
         rule = self.rules.match(ctx.call, ctx.tool, ctx.workspace)
         if rule is None:
             return None
@@ -142,22 +125,31 @@ class RulesPolicy:
         )
 
 
-def compose(policies: Sequence[Policy], ctx: CallContext, *, unattended: bool = False) -> Verdict:
-    """deny > allow > ask; abstain is no opinion; a raising policy asks; no opinion asks."""
+def as_hooks(items: Iterable[Hook | Policy]) -> list[Hook]:
+    """Hooks as given; an object with only ``decide(ctx)`` (a policy) becomes a hook."""
+    return [item if isinstance(item, Hook) else PolicyHook(item) for item in items]
+
+
+def compose(
+    hooks: Sequence[Hook | Policy], ctx: CallContext, *, unattended: bool = False
+) -> Verdict:
+    """deny > allow > ask; abstain is no opinion; a raising hook asks; no opinion asks.
+
+    ``unattended`` (``dontAsk``): an ask becomes a deny, because nobody is there to answer.
+    """
     verdicts: list[Verdict] = []
-    for policy in policies:
+    settled = False  # an earlier hook allowed or denied: an allow-only hook can change nothing
+    for hook in hooks:
+        if settled and getattr(hook, "allow_only", False):
+            continue
         try:
-            verdict = policy.decide(ctx)
+            verdict = hook.before_tool(ctx) if isinstance(hook, Hook) else hook.decide(ctx)
         except Exception as exc:  # a broken policy must not decide silently
-            verdict = Verdict("ask", policy.name, f"the policy {policy.name} failed: {exc}")
+            verdict = Verdict("ask", hook.name, f"the policy {hook.name} failed: {exc}")
         if verdict is not None:
             verdicts.append(verdict)
-    for decision in ("deny", "allow", "ask"):
-        chosen = next((v for v in verdicts if v.decision == decision), None)
-        if chosen is not None:
-            break
-    else:
-        chosen = Verdict("ask", "default")
+            settled = settled or verdict.decision != "ask"
+    chosen = _strongest(verdicts)
     if chosen.decision == "ask" and unattended:
         return Verdict(
             "deny",
@@ -165,3 +157,22 @@ def compose(policies: Sequence[Policy], ctx: CallContext, *, unattended: bool = 
             "dontAsk mode denies what would need a human's approval",
         )
     return chosen
+
+
+def _strongest(verdicts: Sequence[Verdict]) -> Verdict:
+    for decision in ("deny", "allow", "ask"):
+        for verdict in verdicts:
+            if verdict.decision == decision:
+                return verdict
+    return Verdict("ask", "default")
+
+
+def allowing_modes(hooks: Sequence[Hook | Policy], ctx: CallContext) -> list[str]:
+    """The modes in which the chain would allow this call without asking anyone."""
+    from dataclasses import replace
+
+    return [
+        mode
+        for mode in MODES
+        if mode != ctx.mode and compose(hooks, replace(ctx, mode=mode)).decision == "allow"
+    ]

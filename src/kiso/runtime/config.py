@@ -88,6 +88,9 @@ class Config:
     """The startup profile (or ``provider/model``), after precedence."""
     models: dict[str, Profile] = field(default_factory=dict)
     mode: str = "default"
+    """The approval mode for a new session, after precedence (flag > env > project > user)."""
+    mode_override: str | None = None
+    """The mode from ``--mode`` or ``KISO_MODE``: it outranks what a session's log recorded."""
     floor: bool = True
     theme: str | None = None
     files: tuple[str, ...] = ()
@@ -232,10 +235,12 @@ def load_config(
         merged["mode"] = mode
     if merged.get("mode", "default") not in MODES:
         raise ConfigError(f"mode {merged['mode']!r} is not one of {', '.join(MODES)}")
+    override = mode or env.get("KISO_MODE") or None
     return Config(
         model=merged.get("model"),
         models=merged["models"],
         mode=merged.get("mode", "default"),
+        mode_override=override,
         floor=merged.get("floor", True),
         theme=merged.get("theme"),
         files=tuple(files),

@@ -2,11 +2,24 @@
 
 call the model -> commit the turn -> decide approvals -> execute -> record -> repeat
 
-Each step starts from :func:`kiso.kernel.plan` over the durable log, so a fresh run and a resumed
-one are the same code: after a crash the loop simply finds itself at whatever step the log says.
-Every fact is appended (and fsynced) before anything acts on it or shows it: ``execution_started``
-before the handler, the verdict before the execution, the ``assistant`` record only after the
-provider's stream ended cleanly with exactly one stop.
+Each step starts from :func:`kiso.kernel.plan` over the log, so a fresh run and a resumed one
+are the same code: after a crash the loop simply finds itself at whatever step the log says.
+
+Records are staged into the log as they happen and made durable where DURABILITY.md's write order
+needs them (the fsync budget, docs/adr/0012-the-fsync-budget.md):
+
+* before a handler with side effects runs, its turn, its verdict and its ``execution_started``
+  are durable: one batch, one fsync;
+* its receipt is durable before anything can depend on it (the next model request, the
+  ``tool_end`` a caller sees): the second fsync of the round;
+* a read-only or idempotent call's batch is handed to the writer without waiting (a crash re-runs
+  it, which is harmless) and its receipt rides in the next turn's batch: one fsync a round;
+* a question (``approval_requested``, the uncertain executions) and ``run_ended`` are durable
+  before they are yielded; a human's answer is durable before the loop goes on.
+
+The ``assistant`` record is staged only after the provider's stream ended cleanly with exactly one
+stop. A :class:`Run` holds what one pass of the loop needs (its abort signal, the children's
+environment, timings): nothing is kept on the session between runs but the log.
 """
 
 from __future__ import annotations
@@ -16,6 +29,7 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kiso.kernel import (
@@ -26,28 +40,33 @@ from kiso.kernel import (
     CallModel,
     Decide,
     EndRun,
+    Event,
     Execute,
     ExecutionFinished,
     ExecutionResolved,
     ExecutionStarted,
     Idle,
+    KisoError,
     Outcome,
     ResolveUncertain,
     RunEnded,
     ToolCall,
+    UsageError,
     input_sha256,
 )
 from kiso.kernel.events import ERROR_KINDS, AssistantBlock
 from kiso.kernel.recovery import plan_replay
 from kiso.providers.base import ModelRequest, ProviderError, TextDelta, ThinkingDelta, TurnDone
 from kiso.runtime import stream as ev
-from kiso.runtime.approvals import CallContext, compose
+from kiso.runtime.approvals import allowing_modes, compose
+from kiso.runtime.hooks import CallContext, HookFailed, RunInfo, Verdict
+from kiso.runtime.liveness import LivenessGuard
 from kiso.tools.base import AbortSignal, Tool, ToolContext, ToolResult
 
 if TYPE_CHECKING:
     from kiso.runtime.session import Session
 
-__all__ = ["drive"]
+__all__ = ["Run", "drive"]
 
 PARALLEL_READS = 4
 
@@ -56,141 +75,267 @@ class _Aborted(Exception):
     pass
 
 
-async def drive(session: Session) -> AsyncIterator[ev.RunEvent]:
-    """Carry the session's open run forward until it ends or needs a human."""
-    agent = session.agent
-    session.child_env = agent.child_env()  # the environment as it is when the run (re)starts
-    while True:
-        state = session.fold
-        if state.open_run is None:
-            return
-        run = state.open_run
-        if session.abort_requested:
-            yield await _end(session, run, Outcome.aborted(session.abort_requested))
-            return
-        action = plan_replay(state, rerunnable=agent.rerunnable)
-        if isinstance(action, Idle):
-            return
-        if isinstance(action, ResolveUncertain):
-            auto = [u for u in action.executions if u.auto_rerun]
-            for u in auto:
-                (ruling,) = session.append(
-                    ExecutionResolved(
-                        run=run,
-                        execution_id=u.execution_id,
-                        call_id=u.call_id,
-                        resolution="rerun",
-                        decided_by="policy:idempotent",
-                    )
-                )
-                assert isinstance(ruling, ExecutionResolved)
-                yield ev.Ruling(ruling)
-            if auto:
-                continue
-            yield ev.UncertainPending(action.executions)
-            if _still(session, ResolveUncertain):
-                yield ev.Paused("uncertain")
-                return
-        elif isinstance(action, AwaitApproval):
-            calls = {c.call_id: c for c in _turn_calls(session)}
-            for request in action.requests:
-                call = calls.get(request.call_id) or ToolCall(
-                    request.call_id, request.name, request.input
-                )
-                yield ev.ApprovalRequest(call, request)
-            if _still(session, AwaitApproval):
-                yield ev.Paused("awaiting_approval")
-                return
-        elif isinstance(action, Decide):
-            for call in action.calls:
-                event = _decide(session, run, call)
-                if isinstance(event, ApprovalDecided):
-                    yield ev.Decision(event)
-        elif isinstance(action, Execute):
-            async for item in _execute(session, run, action.calls):
-                yield item
-        elif isinstance(action, CallModel):
-            if state.run_turns >= agent.max_turns:
-                yield await _end(session, run, Outcome("max_turns"))
-                return
-            outcome: list[Outcome] = []
-            async for item in _call_model(session, run, outcome):
-                yield item
-            if outcome:
-                yield await _end(session, run, outcome[0])
-                return
-        elif isinstance(action, EndRun):
-            yield await _end(session, run, action.outcome)
-            return
+class Run:
+    """One pass of the loop over a session's open run: what it needs while it goes."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.agent = session.agent
+        self.abort = AbortSignal()
+        self.child_env = self.agent.child_env()  # the environment as the run (re)starts
+        self.model_ms = 0.0
+        self.seen = len(session.events)
+        """Events before this index have been reported (or were there before the run)."""
+        self.ended: tuple[str, Outcome] | None = None
+        """The run and its outcome, once ``run_ended`` is durable."""
+
+    def info(self, run_id: str) -> RunInfo:
+        s = self.session
+        return RunInfo(s.id, run_id, self.agent.workspace, s.mode)
 
 
-def _still(session: Session, kind: type) -> bool:
+async def drive(
+    session: Session, start: Callable[[], None] | None = None
+) -> AsyncIterator[ev.RunEvent]:
+    """Carry the session's open run forward until it ends or needs a human (``start``, when
+    given, first opens a new run)."""
+    if session._run is not None:
+        raise UsageError(f"session {session.id} is already running; one run at a time")
+    if start is not None:
+        start()
+    run = Run(session)
+    session._run = run
+    agent = run.agent
+    try:
+        while True:
+            state = session.fold
+            run_id = state.open_run
+            if run_id is None:
+                break
+            if run.abort.is_set():
+                yield await _end(run, run_id, Outcome.aborted(run.abort.reason or "user"))
+                break
+            action = plan_replay(state, rerunnable=agent.rerunnable)
+            if isinstance(action, Idle):
+                break
+            try:
+                if isinstance(action, CallModel):
+                    if state.run_turns >= agent.max_turns:
+                        yield await _end(run, run_id, Outcome("max_turns"))
+                        break
+                    await asyncio.sleep(0)  # a step boundary: other sessions and timers run
+                    outcome: list[Outcome] = []
+                    async for item in _call_model(run, run_id, outcome):
+                        yield item
+                    if outcome:
+                        yield await _end(run, run_id, outcome[0])
+                        break
+                elif isinstance(action, Decide):
+                    for call in action.calls:
+                        event = _decide(run, run_id, call)
+                        if isinstance(event, ApprovalDecided):
+                            yield ev.Decision(event, call)
+                    run.seen = len(session.events)
+                elif isinstance(action, Execute):
+                    await asyncio.sleep(0)
+                    async for item in _execute(run, run_id, action.calls):
+                        yield item
+                elif isinstance(action, AwaitApproval):
+                    async for item in _ask(run, run_id, action):
+                        yield item
+                    if _still(run, AwaitApproval):
+                        yield ev.Paused("awaiting_approval")
+                        break
+                elif isinstance(action, ResolveUncertain):
+                    asked = False
+                    async for item in _uncertain(run, run_id, action):
+                        asked = asked or isinstance(item, ev.UncertainPending)
+                        yield item
+                    if asked and _still(run, ResolveUncertain):
+                        yield ev.Paused("uncertain")
+                        break
+                elif isinstance(action, EndRun):
+                    yield await _end(run, run_id, action.outcome)
+                    break
+            except HookFailed as exc:
+                failed = Outcome.error("hook_failed", str(exc), retryable=False)
+                yield await _end(run, run_id, failed)
+                break
+    finally:
+        session._run = None
+        with contextlib.suppress(KisoError):
+            session.writer.flush()  # what is staged (read-only receipts) goes to disk soon
+    if run.ended is not None:  # after the terminal event: the outcome on disk cannot change
+        ended_run, ended = run.ended
+        agent.hooks.on_run_end(ended, run.info(ended_run))
+
+
+async def _ask(run: Run, run_id: str, action: AwaitApproval) -> AsyncIterator[ev.RunEvent]:
+    """Put the persisted questions to a person (or, headless, deny them) and report answers."""
+    session, agent = run.session, run.agent
+    calls = {cs.call.call_id: cs.call for cs in session.fold.turn or ()}
+    for request in action.requests:
+        calls.setdefault(request.call_id, ToolCall(request.call_id, request.name, request.input))
+    if session.headless:  # a question left by an earlier, interactive run
+        for request in action.requests:
+            yield ev.Decision(_headless_denial(run, run_id, calls[request.call_id]))
+        return
+    await session.committed()  # the question is on disk before anyone sees it
+    run.seen = len(session.events)
+    for request in action.requests:
+        call = calls[request.call_id]
+        yield ev.ApprovalRequest(call, request, agent.offer(call))
+    for item in _answers(run, calls):
+        yield item
+
+
+async def _uncertain(run: Run, run_id: str, action: ResolveUncertain) -> AsyncIterator[ev.RunEvent]:
+    """Re-run what is rerunnable (ruled by ``policy:idempotent``); ask a person about the rest."""
+    session = run.session
+    auto = [u for u in action.executions if u.auto_rerun]
+    if auto:
+        rulings = session.stage(
+            *(
+                ExecutionResolved(
+                    run=run_id,
+                    execution_id=u.execution_id,
+                    call_id=u.call_id,
+                    resolution="rerun",
+                    decided_by="policy:idempotent",
+                )
+                for u in auto
+            )
+        )
+        run.seen = len(session.events)
+        for ruling in rulings:
+            assert isinstance(ruling, ExecutionResolved)
+            yield ev.Ruling(ruling)
+        return
+    await session.committed()
+    running = frozenset(
+        u.execution_id for u in action.executions if session.may_be_running(u.execution_id)
+    )
+    run.seen = len(session.events)
+    yield ev.UncertainPending(action.executions, running)
+    for item in _answers(run, {}):
+        yield item
+
+
+def _answers(run: Run, calls: dict[str, ToolCall]) -> list[ev.RunEvent]:
+    """The verdicts and rulings a person gave while the loop was waiting at a question."""
+    events = run.session.events
+    found: list[ev.RunEvent] = []
+    for event in events[run.seen :]:
+        if isinstance(event, ApprovalDecided):
+            found.append(ev.Decision(event, calls.get(event.call_id)))
+        elif isinstance(event, ExecutionResolved):
+            found.append(ev.Ruling(event))
+    run.seen = len(events)
+    return found
+
+
+def _still(run: Run, kind: type) -> bool:
     """After a question was yielded: is the same kind of question still open?"""
-    action = plan_replay(session.fold, rerunnable=session.agent.rerunnable)
+    action = plan_replay(run.session.fold, rerunnable=run.agent.rerunnable)
     return isinstance(action, kind)
 
 
-def _turn_calls(session: Session) -> tuple[ToolCall, ...]:
-    return tuple(cs.call for cs in session.fold.turn or ())
-
-
-async def _end(session: Session, run: str, outcome: Outcome) -> ev.Terminal:
-    session.append(RunEnded(run=run, outcome=outcome))
+async def _end(run: Run, run_id: str, outcome: Outcome) -> ev.Terminal:
+    session = run.session
+    session.stage(RunEnded(run=run_id, outcome=outcome))
+    await session.committed()
+    run.seen = len(session.events)
+    run.ended = (run_id, outcome)
     return ev.Terminal(outcome)
 
 
 # --------------------------------------------------------------------------- approvals
 
 
-def _decide(session: Session, run: str, call: ToolCall) -> ApprovalDecided | ApprovalRequested:
-    agent = session.agent
+def _decide(run: Run, run_id: str, call: ToolCall) -> Event:
+    """Stage this call's verdict (or the question to a human) in the log's next batch."""
+    session, agent = run.session, run.agent
     tool = agent.tool(call.name)
     digest = input_sha256(call.input)
-
-    def verdict(
-        decision: str, by: str, reason: str | None, rule: str | None = None
-    ) -> ApprovalDecided:
-        (event,) = session.append(
-            ApprovalDecided(
-                run=run,
-                call_id=call.call_id,
-                decision="approved" if decision == "allow" else "denied",
-                decided_by=by,
-                reason=reason,
-                input_sha256=digest,
-                rule=rule,
-            )
-        )
-        assert isinstance(event, ApprovalDecided)
-        return event
-
     if tool is None:
         names = ", ".join(sorted(agent.tools)) or "none"
-        return verdict("deny", "runtime", f"there is no tool named {call.name!r} (tools: {names})")
-    problem = agent.input_problem(tool, call.input)
-    if problem is not None:
-        return verdict("deny", "schema", f"invalid input for {call.name}: {problem}")
-    ctx = CallContext(call, tool, agent.workspace, agent.home)
-    chosen = compose(agent.policies(session.mode), ctx, unattended=session.mode == "dontAsk")
-    if chosen.decision == "ask":
-        (event,) = session.append(
+        missing = f"there is no tool named {call.name!r} (tools: {names})"
+        verdict = Verdict("deny", "runtime", missing)
+    elif (problem := agent.input_problem(tool, call.input)) is not None:
+        verdict = Verdict("deny", "schema", f"invalid input for {call.name}: {problem}")
+    else:
+        mode = session.mode
+        ctx = CallContext(call, tool, agent.workspace, agent.home, mode, session.id, run_id)
+        chain = agent.hooks.tool_hooks
+        verdict = compose(chain, ctx, unattended=mode == "dontAsk")
+        if verdict.decision == "ask" and session.headless:
+            reason = _headless_reason(allowing_modes(chain, ctx))
+            verdict = Verdict("deny", "headless", reason)
+    if verdict.decision == "ask":
+        (event,) = session.stage(
             ApprovalRequested(
-                run=run, call_id=call.call_id, name=call.name, input=call.input, speaker=chosen.by
+                run=run_id,
+                call_id=call.call_id,
+                name=call.name,
+                input=call.input,
+                speaker=verdict.by,
             )
         )
-        assert isinstance(event, ApprovalRequested)
         return event
-    return verdict(chosen.decision, chosen.by, chosen.reason, chosen.rule)
+    (event,) = session.stage(
+        ApprovalDecided(
+            run=run_id,
+            call_id=call.call_id,
+            decision="approved" if verdict.decision == "allow" else "denied",
+            decided_by=verdict.by,
+            reason=verdict.reason,
+            input_sha256=digest,
+            rule=verdict.rule,
+        )
+    )
+    return event
+
+
+def _headless_denial(run: Run, run_id: str, call: ToolCall) -> ApprovalDecided:
+    """Deny a question nobody can answer here, naming the modes that would allow the call."""
+    session, agent = run.session, run.agent
+    ctx = CallContext(
+        call, agent.tool(call.name), agent.workspace, agent.home, session.mode, session.id, run_id
+    )
+    (event,) = session.stage(
+        ApprovalDecided(
+            run=run_id,
+            call_id=call.call_id,
+            decision="denied",
+            decided_by="headless",
+            reason=_headless_reason(allowing_modes(agent.hooks.tool_hooks, ctx)),
+            input_sha256=input_sha256(call.input),
+        )
+    )
+    run.seen = len(session.events)
+    assert isinstance(event, ApprovalDecided)
+    return event
+
+
+def _headless_reason(modes: Sequence[str]) -> str:
+    said = "nobody can approve this call in a headless run"
+    if not modes:
+        return f"{said}, and no approval mode would allow it; do it in an interactive session"
+    named = " or ".join(modes)
+    return (
+        f"{said}; it would run without asking in mode {named} (start the run in that mode), "
+        f"or approve it in an interactive session"
+    )
 
 
 # --------------------------------------------------------------------------- execution
 
 
-def _first_batch(calls: Sequence[ToolCall], session: Session) -> list[ToolCall]:
+def _first_batch(calls: Sequence[ToolCall], run: Run) -> list[ToolCall]:
     """The calls to run now: consecutive read-only calls together (at most four), else one."""
 
     def parallel(call: ToolCall) -> bool:
-        tool = session.agent.tool(call.name)
+        tool = run.agent.tool(call.name)
         return tool is not None and tool.parallel_safe
 
     batch = [calls[0]]
@@ -202,24 +347,45 @@ def _first_batch(calls: Sequence[ToolCall], session: Session) -> list[ToolCall]:
     return batch
 
 
-async def _execute(
-    session: Session, run: str, calls: Sequence[ToolCall]
-) -> AsyncIterator[ev.RunEvent]:
-    batch = _first_batch(calls, session)  # then re-plan: aborts are checked between batches
-    if len(batch) == 1:
-        async for item in _execute_call(session, run, batch[0]):
-            yield item
-        return
+async def _execute(run: Run, run_id: str, calls: Sequence[ToolCall]) -> AsyncIterator[ev.RunEvent]:
+    """Start a batch of calls, run their handlers, record their receipts.
+
+    A call with effects runs alone, after its turn, verdict and start are durable; its receipt is
+    durable before its ``tool_end``. Read-only calls (up to four, in parallel) start with their
+    batch merely handed to the writer, and their receipts ride in the next batch.
+    """
+    session, agent = run.session, run.agent
+    batch = _first_batch(calls, run)  # then re-plan: aborts are checked between batches
+    tools = [agent.tool(call.name) for call in batch]
+    effects = any(tool is None or not tool.rerunnable for tool in tools)
+    first = session.next_seq
+    starts = session.stage(
+        *(
+            ExecutionStarted(
+                run=run_id,
+                execution_id=f"{session.id}:{first + i}",
+                call_id=call.call_id,
+                name=call.name,
+                input=call.input,
+            )
+            for i, call in enumerate(batch)
+        )
+    )
+    if effects:
+        await session.committed()  # the turn, its verdict and this start: one fsync
+    else:
+        session.writer.flush()  # on its way to disk; nothing waits for it
+    run.seen = len(session.events)
+    for call, started in zip(batch, starts, strict=True):
+        assert isinstance(started, ExecutionStarted)
+        yield ev.ToolStart(call, started)
     queue: asyncio.Queue[ev.RunEvent | None] = asyncio.Queue()
-
-    async def one(call: ToolCall) -> None:
-        try:
-            async for item in _execute_call(session, run, call):
-                await queue.put(item)
-        finally:
-            await queue.put(None)
-
-    tasks = [asyncio.create_task(one(call)) for call in batch]
+    tasks = [
+        asyncio.ensure_future(
+            _run_one(run, run_id, call, tool, started=started, durable=effects, queue=queue)  # type: ignore[arg-type]
+        )
+        for call, tool, started in zip(batch, tools, starts, strict=True)
+    ]
     remaining = len(tasks)
     try:
         while remaining:
@@ -229,79 +395,75 @@ async def _execute(
             else:
                 yield got
     finally:
-        for task in tasks:
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for task in tasks:
-        exc = task.exception()
-        if exc is not None:
+        running = [task for task in tasks if not task.done()]
+        for task in running:  # the consumer went away, or the batch was cancelled
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+    for task in tasks:  # each put its None last, so each is done
+        if not task.cancelled() and (exc := task.exception()) is not None:
             raise exc
 
 
-async def _execute_call(session: Session, run: str, call: ToolCall) -> AsyncIterator[ev.RunEvent]:
-    """``execution_started`` (durable), then the handler, then the receipt (durable).
+async def _run_one(
+    run: Run,
+    run_id: str,
+    call: ToolCall,
+    tool: Tool | None,
+    *,
+    started: ExecutionStarted,
+    durable: bool,
+    queue: asyncio.Queue[ev.RunEvent | None],
+) -> None:
+    """One handler: its live output, its receipt (durable first if it has effects), its end."""
+    session = run.session
+    try:
+        began = time.monotonic()
+        if tool is None:
+            result = ToolResult(
+                f"the tool {call.name!r} is not available in this agent any more; nothing ran",
+                is_error=True,
+                error_kind="fatal",
+            )
+        else:
+            guard = _Liveness(run.session.live_dir, started.execution_id) if durable else None
+            try:
+                result = await _handler(run, call, tool, started=started, guard=guard, queue=queue)
+            finally:
+                if guard is not None and guard.held is not None:
+                    await asyncio.to_thread(guard.held.release)  # file I/O: off the loop
+            try:
+                if run.agent.hooks.by_point["after_tool"]:
+                    result = run.agent.hooks.after_tool(call, result, run.info(run_id))
+            except HookFailed:
+                _receipt(session, run_id, call, started=started, result=result, began=began)
+                await session.committed()
+                raise
+        finished = _receipt(session, run_id, call, started=started, result=result, began=began)
+        if durable:
+            await session.committed()  # the receipt, before anything can act on it
+        run.seen = len(session.events)
+        await queue.put(ev.ToolEnd(call, finished))
+    finally:
+        await queue.put(None)
 
-    While the handler runs, what it reports through ``ctx.on_output`` is yielded as
-    ``tool_output`` events (live only, never logged), all of them before ``tool_end``.
-    """
-    agent = session.agent
-    (started,) = session.append(
-        ExecutionStarted(
-            run=run,
-            execution_id=f"{session.id}:{session.next_seq}",
-            call_id=call.call_id,
-            name=call.name,
-            input=call.input,
-        )
-    )
-    assert isinstance(started, ExecutionStarted)
-    yield ev.ToolStart(call, started)
-    began = time.monotonic()
-    tool = agent.tool(call.name)
-    if tool is None:
-        result = ToolResult(
-            f"the tool {call.name!r} is not available in this agent any more; nothing ran",
-            is_error=True,
-            error_kind="fatal",
-        )
-    else:
-        chunks: asyncio.Queue[str | None] = asyncio.Queue()  # None: the handler is done
-        abort = AbortSignal()
-        if session.abort_requested:
-            abort.set(session.abort_requested)
-        ctx = ToolContext(
-            workspace=agent.workspace,
-            execution_id=started.execution_id,
-            session_id=session.id,
-            env=session.child_env,
-            abort=abort,
-            progress=_forward_to(chunks),
-        )
-        session._aborts.add(abort)
-        task = asyncio.create_task(_run_tool(tool, call, ctx))
-        task.add_done_callback(lambda _: chunks.put_nowait(None))
-        try:
-            done = False
-            while not done:
-                parts = [await chunks.get()]
-                while not chunks.empty():  # one event for everything that arrived meanwhile
-                    parts.append(chunks.get_nowait())
-                done = None in parts
-                text = "".join(part for part in parts if part)
-                if text:
-                    yield ev.ToolOutput(call, started.execution_id, text)
-        finally:
-            if not task.done():  # the consumer went away or the batch was cancelled
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        result = task.result()
+
+def _receipt(
+    session: Session,
+    run_id: str,
+    call: ToolCall,
+    *,
+    started: ExecutionStarted,
+    result: ToolResult,
+    began: float,
+) -> ExecutionFinished:
+    """Stage the receipt of one execution."""
     kind = result.error_kind if result.error_kind in ERROR_KINDS else None
     if result.error_kind is not None and kind is None:
         kind = "fatal"  # a tool's own word for its failure; the log keeps to the closed set
-    (finished,) = session.append(
+    (finished,) = session.stage(
         ExecutionFinished(
-            run=run,
+            run=run_id,
             execution_id=started.execution_id,
             call_id=call.call_id,
             ok=kind != "fatal",
@@ -313,12 +475,32 @@ async def _execute_call(session: Session, run: str, call: ToolCall) -> AsyncIter
         )
     )
     assert isinstance(finished, ExecutionFinished)
-    yield ev.ToolEnd(call, finished)
+    return finished
 
 
-async def _run_tool(tool: Tool, call: ToolCall, ctx: ToolContext) -> ToolResult:
+async def _handler(
+    run: Run,
+    call: ToolCall,
+    tool: Tool,
+    *,
+    started: ExecutionStarted,
+    guard: _Liveness | None,
+    queue: asyncio.Queue[ev.RunEvent | None],
+) -> ToolResult:
+    """Run the handler; what it reports through ``ctx.progress`` goes out as ``tool_output``."""
+    ctx = ToolContext(
+        workspace=run.agent.workspace,
+        execution_id=started.execution_id,
+        session_id=run.session.id,
+        env=run.child_env,
+        abort=run.abort,
+        progress=_forward_to(queue, call, started.execution_id),
+        fds=guard.fds if guard is not None else (),
+    )
     try:
         return await tool.run(dict(call.input), ctx)
+    except asyncio.CancelledError:
+        raise
     except Exception as exc:
         return ToolResult(
             f"the tool {call.name} failed: {type(exc).__name__}: {exc}",
@@ -327,39 +509,62 @@ async def _run_tool(tool: Tool, call: ToolCall, ctx: ToolContext) -> ToolResult:
         )
 
 
-def _forward_to(chunks: asyncio.Queue[str | None]) -> Callable[[str], None]:
-    """An ``on_output`` callable from any thread: each chunk is queued on the running loop."""
+def _forward_to(
+    queue: asyncio.Queue[ev.RunEvent | None], call: ToolCall, execution_id: str
+) -> Callable[[str], None]:
+    """A ``progress`` callable from any thread: each chunk is queued on the running loop."""
     loop = asyncio.get_running_loop()
 
-    def on_output(text: str) -> None:
+    def progress(text: str) -> None:
         if isinstance(text, str) and text:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is watching
-                loop.call_soon_threadsafe(chunks.put_nowait, text)
+                loop.call_soon_threadsafe(queue.put_nowait, ev.ToolOutput(call, execution_id, text))
 
-    return on_output
+    return progress
+
+
+class _Liveness:
+    """The liveness guard of one execution with effects, made the first time its tool starts a
+    process (``ToolContext.inherit_fds``), in the tool's own thread: a tool that starts no
+    process costs no file I/O. Sessions on disk only."""
+
+    __slots__ = ("directory", "execution_id", "held")
+
+    def __init__(self, directory: Path | None, execution_id: str) -> None:
+        self.directory = directory
+        self.execution_id = execution_id
+        self.held: LivenessGuard | None = None
+
+    def fds(self) -> tuple[int, ...]:
+        if self.directory is None:
+            return ()
+        if self.held is None:
+            self.held = LivenessGuard.hold(self.directory, self.execution_id)
+        return (self.held.fd,)
 
 
 # --------------------------------------------------------------------------- the model
 
 
-async def _call_model(
-    session: Session, run: str, failure: list[Outcome]
-) -> AsyncIterator[ev.RunEvent]:
-    """Stream one turn with retries; commit it, or put the run's failure outcome in ``failure``."""
-    agent = session.agent
+async def _call_model(run: Run, run_id: str, failure: list[Outcome]) -> AsyncIterator[ev.RunEvent]:
+    """Stream one turn with retries; stage it, or put the run's failure outcome in ``failure``."""
+    session, agent = run.session, run.agent
     state = session.fold
+    hooks = agent.hooks
     request = ModelRequest(
         system=agent.system_prompt,
         messages=tuple(state.messages),
         tools=agent.tool_specs(),
         turn=state.turns,
     )
+    if hooks.by_point["before_model"]:
+        request = hooks.before_model(request, run.info(run_id))
     attempt = 0
     while True:
         attempt += 1
         try:
             done: TurnDone | None = None
-            async for item in _stream(session, request):
+            async for item in _stream(run, request):
                 if isinstance(item, TurnDone):
                     done = item
                 else:
@@ -367,7 +572,7 @@ async def _call_model(
             assert done is not None
             break
         except _Aborted:
-            failure.append(Outcome.aborted(session.abort_requested or "user"))
+            failure.append(Outcome.aborted(run.abort.reason or "user"))
             return
         except ProviderError as exc:
             if not exc.retryable or attempt > agent.max_retries:
@@ -377,33 +582,37 @@ async def _call_model(
             delay = min(delay, 30.0) * (1 + random.random() * 0.1)
             yield ev.Retry(attempt, delay, exc.message)
             await asyncio.sleep(delay)
-    (committed,) = session.append(
+    (committed,) = session.stage(
         Assistant(
-            run=run,
+            run=run_id,
             blocks=_unique_call_ids(done.blocks),
             stop=done.stop,  # type: ignore[arg-type]
             usage=done.usage,
             model=done.model,
-            ms=int(session.last_model_ms),
+            ms=int(run.model_ms),
         )
     )
+    run.seen = len(session.events)
     assert isinstance(committed, Assistant)
+    if hooks.by_point["after_turn"]:
+        hooks.after_turn(committed, run.info(run_id))
     yield ev.ModelTurn(committed)
 
 
 async def _stream(
-    session: Session, request: ModelRequest
+    run: Run, request: ModelRequest
 ) -> AsyncIterator[ev.TextDelta | ev.ThinkingDelta | TurnDone]:
     """One attempt: deltas live; the TurnDone last, only if the stream ended right after it."""
-    agent = session.agent
+    agent = run.agent
     began = time.monotonic()
     iterator = agent.adapter.stream(request).__aiter__()
     done: TurnDone | None = None
     try:
         while True:
-            if session.abort_requested:
+            if run.abort.is_set():
                 raise _Aborted
             try:
+                # The watchdog covers the wait for the next item only, never the consumer's time.
                 async with asyncio.timeout(agent.idle_timeout):
                     item = await iterator.__anext__()
             except StopAsyncIteration:
@@ -436,7 +645,7 @@ async def _stream(
             code="incomplete_stream",
             retryable=True,
         )
-    session.last_model_ms = (time.monotonic() - began) * 1000
+    run.model_ms = (time.monotonic() - began) * 1000
     yield done
 
 

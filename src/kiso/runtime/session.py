@@ -1,61 +1,87 @@
 """A durable conversation: ``run`` a prompt, answer questions, ``resume`` after anything.
 
 A :class:`Session` holds its log's writer lock for as long as it is open. Everything it knows is
-read from the log: the model's messages, the pending questions, the uncertain executions. Answers
-(``approve``, ``deny``, ``resolve``) are written to the log (fsynced) the moment they are given,
-whether or not a run is iterating, so an answer given just before a crash is never lost, and the
-next ``resume`` carries the run forward from exactly there.
+read from the log: the model's messages, the pending questions, the uncertain executions, the
+approval mode in force. Answers (``approve``, ``deny``, ``resolve``) and settings (``set_mode``)
+are written to the log and made durable the moment they are given, whether or not a run is
+iterating, so an answer given just before a crash is never lost, and the next ``resume`` carries
+the run forward from exactly there.
+
+Every decision an edge might be tempted to make is made here, once: what an approval may offer
+(:meth:`Session.offer`), which mode is in force (:attr:`Session.mode`: what the log last
+recorded, unless the session was opened with an override), how a run with nobody to ask treats a
+question (``headless``: a denial by ``headless`` naming the modes that would allow the call).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncIterator, Generator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kiso.kernel import (
     ApprovalDecided,
     Event,
     ExecutionResolved,
-    KisoError,
     Message,
     ModelRef,
+    RefusedError,
     ResolveUncertain,
+    Ruling,
     RunStarted,
     SessionState,
     SessionWriter,
+    SettingChanged,
     Uncertain,
+    UsageError,
     User,
     input_sha256,
     new_id,
+    parse_ruling,
     replay,
     session_state,
 )
 from kiso.kernel.events import Source, UserBlock
 from kiso.kernel.recovery import plan_replay
 from kiso.kernel.replay import CallState, CallStatus, Replay
+from kiso.runtime.approvals import check_mode
 from kiso.runtime.failpoint import Failpoint
-from kiso.runtime.loop import drive
-from kiso.runtime.rules import rule_for
+from kiso.runtime.loop import Run, drive
 from kiso.runtime.stream import RunEvent
 
 if TYPE_CHECKING:
     from kiso.runtime.agent import Agent
+    from kiso.runtime.offers import Offer
 
 __all__ = ["Session"]
 
+RULING_WAIT_S = 5.0
+"""How long a ruling waits for an uncertain execution's processes to go before refusing."""
+
 
 class Session:
-    def __init__(self, agent: Agent, writer: SessionWriter) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        writer: SessionWriter,
+        *,
+        mode: str | None = None,
+        headless: bool = False,
+    ) -> None:
         self.agent = agent
         self._writer = writer
         self._fold = replay(writer.events)
-        self._failpoint = Failpoint.from_env()
-        self.abort_requested: str | None = None
-        self._aborts: set[Any] = set()
-        self.last_model_ms = 0.0
-        self.child_env: Mapping[str, str] = {}
-        self.mode = agent.mode
+        failpoint = Failpoint.from_env()
+        if failpoint.active:
+            writer.on_durable = failpoint.after_durable
+        self.headless = headless
+        """Nobody can answer a question: an ask is denied (``decided_by: "headless"``)."""
+        self._run: Run | None = None
+        self.live_dir = Path(writer.path).with_suffix(".live") if writer.path else None
+        """Where the liveness guards of running executions are kept (none for memory stores)."""
+        if mode is not None:
+            self.set_mode(mode)
 
     # ------------------------------------------------------------------ the log
 
@@ -72,6 +98,10 @@ class Session:
         return self._writer.next_seq
 
     @property
+    def writer(self) -> SessionWriter:
+        return self._writer
+
+    @property
     def fold(self) -> Replay:
         """The live fold of the log, fed with every append: pending calls, messages, state."""
         return self._fold
@@ -85,29 +115,67 @@ class Session:
     def state(self) -> SessionState:
         return session_state(self._fold)
 
+    def stage(self, *events: Event) -> tuple[Event, ...]:
+        """Add events to the log's next batch (not yet durable: see :meth:`committed`)."""
+        staged = self._writer.stage(*events)
+        self._fold.feed(staged)
+        return staged
+
     def append(self, *events: Event) -> tuple[Event, ...]:
-        """Append durably; the failpoint (``KISO_FAILPOINT``) may kill the process right after."""
-        written = self._writer.append(*events)
-        self._fold.feed(written)
-        self._failpoint.after_append(e.type for e in written)
-        return written
+        """Append durably (blocking): the events and everything staged before them."""
+        staged = self.stage(*events)
+        self._writer.commit()
+        return staged
+
+    async def committed(self) -> None:
+        """Wait until everything staged is durable, without blocking the event loop."""
+        await self._writer.committed()
+
+    # ------------------------------------------------------------------ settings
+
+    @property
+    def mode(self) -> str:
+        """The approval mode in force: the one the log last recorded, else the agent's."""
+        return self._fold.mode or self.agent.mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        self.set_mode(value)
+
+    def set_mode(self, mode: str) -> None:
+        """Switch the approval mode; recorded (``setting_changed``) when it changes."""
+        if check_mode(mode) != self.mode:
+            self.append(SettingChanged(key="mode", value=mode, run=self._fold.open_run))
+
+    def record_setting(self, key: str, value: Any) -> None:
+        """Record a mid-session change (``/model``) as a durable fact."""
+        if key == "mode":
+            self.set_mode(value)
+            return
+        self.append(SettingChanged(key=key, value=value, run=self._fold.open_run))
 
     # ------------------------------------------------------------------ runs
 
-    async def run(
+    def run(
         self, prompt: str | Sequence[UserBlock], *, source: Source = "user"
     ) -> AsyncIterator[RunEvent]:
-        """Start a run with ``prompt`` and carry it until it ends or needs a human."""
+        """Start a run with ``prompt`` and carry it until it ends or needs a human.
+
+        Nothing happens until the iterator is iterated: the run (``run_started`` and the
+        ``user`` input) is recorded when it starts.
+        """
+        content = prompt if isinstance(prompt, str) else tuple(prompt)
+        return drive(self, lambda: self._start(content, source))
+
+    def _start(self, content: str | tuple[UserBlock, ...], source: Source) -> None:
         if self._fold.open_run is not None:
-            raise KisoError(
+            raise UsageError(
                 f"session {self.id} has a run that did not end ({self.state.value}); "
                 f"call resume() to finish it before starting another"
             )
-        self.abort_requested = None
         run = new_id()
         adapter = self.agent.adapter
-        content = prompt if isinstance(prompt, str) else tuple(prompt)
-        self.append(
+        self.stage(
             RunStarted(
                 run=run,
                 trigger=self.agent.trigger,
@@ -116,32 +184,28 @@ class Session:
             ),
             User(run=run, content=content, source=source),
         )
-        async for event in drive(self):
-            yield event
 
-    async def resume(self) -> AsyncIterator[RunEvent]:
+    def resume(self) -> AsyncIterator[RunEvent]:
         """Carry the open run forward from its durable prefix (nothing happens if none is open).
 
         Uncertain executions of read-only or idempotent tools are re-run without asking; others
         are yielded as ``uncertain`` for :meth:`resolve`.
         """
-        self.abort_requested = None
-        async for event in drive(self):
-            yield event
+        return drive(self)
 
-    def run_sync(self, prompt: str | Sequence[UserBlock]) -> Iterator[RunEvent]:
+    def run_sync(self, prompt: str | Sequence[UserBlock]) -> Generator[RunEvent, None, None]:
         """:meth:`run` for synchronous code (it runs its own event loop)."""
         return _sync(self.run(prompt))
 
-    def resume_sync(self) -> Iterator[RunEvent]:
+    def resume_sync(self) -> Generator[RunEvent, None, None]:
         return _sync(self.resume())
 
     def abort(self, by: str = "user") -> None:
         """Stop the current run at the next boundary: a running tool is cancelled (a shell's
         process group is killed) and the run ends ``aborted``. Safe to call from any thread."""
-        self.abort_requested = by
-        for signal in list(self._aborts):
-            signal.set(by)
+        run = self._run
+        if run is not None:
+            run.abort.set(by)
 
     # ------------------------------------------------------------------ answers
 
@@ -152,23 +216,28 @@ class Session:
             if cs.call.call_id == call_id and run is not None:
                 if cs.status in (CallStatus.AWAITING_APPROVAL, CallStatus.UNDECIDED):
                     return run, cs
-                raise KisoError(f"call {call_id} is already {cs.status}; nothing to approve")
-        raise KisoError(f"no call {call_id!r} is waiting for approval in session {self.id}")
+                raise UsageError(f"call {call_id} is already {cs.status}; nothing to approve")
+        raise UsageError(f"no call {call_id!r} is waiting for approval in session {self.id}")
+
+    def offer(self, call_id: str) -> Offer:
+        """What an approval of this pending call may offer (the runtime's one decision)."""
+        _, cs = self._pending_call(call_id)
+        return self.agent.offer(cs.call)
 
     def approve(self, call_id: str, *, always: bool = False, reason: str | None = None) -> None:
-        """Approve a pending call. ``always`` also writes a "don't ask again" rule for it."""
+        """Approve a pending call. ``always`` also writes a "don't ask again" rule for it; a call
+        no rule may cover (an irreversible delete, a compound command...) is refused."""
         run, cs = self._pending_call(call_id)
         rule = None
         if always:
-            tool = self.agent.tool(cs.call.name)
-            candidate = rule_for(cs.call, tool, self.agent.workspace)
-            if candidate is None:
-                raise KisoError(
-                    f"no 'don't ask again' rule can cover this {cs.call.name} call (destructive "
-                    f"commands, compound commands and paths under .git/ or .kiso/ always ask)"
+            offer = self.agent.offer(cs.call)
+            if offer.rule is None:
+                raise RefusedError(
+                    f"no 'don't ask again' rule is offered for this {cs.call.name} call: "
+                    f"{offer.no_rule_because or 'no rule can cover it'}. Approve it once instead."
                 )
-            self.agent.rules.add(candidate)
-            rule = candidate.text
+            self.agent.rules.add(offer.rule)
+            rule = offer.rule.text
         self.append(
             ApprovalDecided(
                 run=run,
@@ -200,19 +269,41 @@ class Session:
         action = plan_replay(state, rerunnable=self.agent.rerunnable)
         return list(action.executions) if isinstance(action, ResolveUncertain) else []
 
+    def may_be_running(self, execution_id: str) -> bool:
+        """Whether processes an uncertain execution started may still be alive (its liveness
+        guard is still held by one of them)."""
+        if self.live_dir is None:
+            return False
+        from kiso.runtime.liveness import may_be_running
+
+        return may_be_running(self.live_dir, execution_id)
+
     def resolve(
-        self, execution_id: str, resolution: Literal["rerun", "skipped", "applied"]
+        self, execution_id: str, resolution: Ruling | str, *, wait: float = RULING_WAIT_S
     ) -> None:
         """Rule on an uncertain execution: ``rerun`` it now, it was ``skipped`` (treat as not
-        applied), or it was ``applied`` (a human checked)."""
-        if resolution not in ("rerun", "skipped", "applied"):
-            raise KisoError(f"resolution must be rerun, skipped or applied, not {resolution!r}")
+        applied), or it was ``applied`` (a human checked).
+
+        If processes the execution started may still be running, the ruling waits up to
+        ``wait`` seconds for them to go, then refuses: nobody can know yet whether it applied.
+        """
+        ruling = parse_ruling(str(resolution))
         pending = {u.execution_id: u for u in self.uncertain_executions()}
         if execution_id not in pending:
-            raise KisoError(
+            raise UsageError(
                 f"execution {execution_id!r} is not uncertain in session {self.id} "
                 f"(uncertain: {', '.join(pending) or 'none'})"
             )
+        if self.live_dir is not None and self.may_be_running(execution_id):
+            from kiso.runtime.liveness import wait_until_gone
+
+            if not wait_until_gone(self.live_dir, execution_id, wait):
+                raise RefusedError(
+                    f"execution {execution_id} ({pending[execution_id].name}) may still be "
+                    f"running: processes it started hold its liveness guard. Wait for them to "
+                    f"finish (or stop them), then rule again; until then nobody can tell "
+                    f"whether it applied."
+                )
         run = self._fold.open_run
         assert run is not None
         self.append(
@@ -220,7 +311,7 @@ class Session:
                 run=run,
                 execution_id=execution_id,
                 call_id=pending[execution_id].call_id,
-                resolution=resolution,
+                resolution=ruling.value,
                 decided_by="user",
             )
         )
@@ -228,7 +319,7 @@ class Session:
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Release the session's writer lock."""
+        """Make what is staged durable and release the session's writer lock."""
         self._writer.close()
 
     def __enter__(self) -> Session:
@@ -238,7 +329,7 @@ class Session:
         self.close()
 
 
-def _sync(agen: AsyncIterator[RunEvent]) -> Iterator[RunEvent]:
+def _sync(agen: AsyncIterator[RunEvent]) -> Generator[RunEvent, None, None]:
     loop = asyncio.new_event_loop()
     try:
         while True:

@@ -1,20 +1,26 @@
 """What ``Session.run`` and ``Session.resume`` yield, in order, as a run proceeds.
 
 Live events (``text_delta``, ``thinking_delta``, ``retry``, ``tool_output``) are shown and
-forgotten. Every other event reports a record that is already durable in the session log when it
-is yielded. Each event has a ``type`` string, so consumers can ``match`` on classes or switch on
-``ev.type``.
+forgotten. Every other event reports a record that is committed to the session log when it is
+yielded, in the log's order: durable before anything acts on it — before a call with side effects
+runs, before anyone is asked anything, before the run ends. (A read-only round's records ride in
+one batch: docs/runtime.md, "The fsync budget".) Each event has a ``type`` string, so consumers
+can ``match`` on classes or switch on ``ev.type``.
 
 Two events ask the consumer something: ``approval_request`` and ``uncertain``. Answer them with
 ``session.approve``/``session.deny`` or ``session.resolve`` before asking for the next event and
-the run continues; otherwise it pauses (``paused``), the question stays durable, and
-``session.resume()`` asks again later.
+the run continues (the answer is yielded back as a ``decision`` or a ``ruling``); otherwise it
+pauses (``paused``), the question stays durable, and ``session.resume()`` asks again later.
+
+:meth:`to_json` is the one JSON form of every event: what ``kiso -p --output-format stream-json``
+prints and what a server streams. It is a versioned contract (:data:`STREAM_VERSION`, documented
+in docs/runtime.md and pinned by tests/runtime/test_stream_json.py): fields are only ever added.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, TypeAlias
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from kiso.kernel import (
     ApprovalDecided,
@@ -28,7 +34,11 @@ from kiso.kernel import (
     Uncertain,
 )
 
+if TYPE_CHECKING:
+    from kiso.runtime.offers import Offer
+
 __all__ = [
+    "STREAM_VERSION",
     "ApprovalRequest",
     "Decision",
     "ModelTurn",
@@ -43,7 +53,15 @@ __all__ = [
     "ToolOutput",
     "ToolStart",
     "UncertainPending",
+    "event_to_json",
 ]
+
+STREAM_VERSION = 1
+"""The version of the JSON form of run events (``"v"`` in every object)."""
+
+
+def _call(call: ToolCall) -> dict[str, Any]:
+    return {"call_id": call.call_id, "name": call.name, "input": call.input}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +69,17 @@ class TextDelta:
     text: str
     type: ClassVar[str] = "text_delta"
 
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "v": STREAM_VERSION, "text": self.text}
+
 
 @dataclass(frozen=True, slots=True)
 class ThinkingDelta:
     text: str
     type: ClassVar[str] = "thinking_delta"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "v": STREAM_VERSION, "text": self.text}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +91,15 @@ class Retry:
     error: str
     type: ClassVar[str] = "retry"
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "v": STREAM_VERSION,
+            "attempt": self.attempt,
+            "delay": self.delay,
+            "error": self.error,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class ModelTurn:
@@ -74,6 +107,9 @@ class ModelTurn:
 
     event: Assistant
     type: ClassVar[str] = "model_turn"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "v": STREAM_VERSION, "event": self.event.to_json()}
 
     @property
     def calls(self) -> tuple[ToolCall, ...]:
@@ -86,7 +122,26 @@ class ApprovalRequest:
 
     call: ToolCall
     request: ApprovalRequested
+    offer: Offer | None = None
+    """What the runtime lets the person choose: the "don't ask again" rule (or why there is
+    none) and the one warning line an irreversible delete carries."""
     type: ClassVar[str] = "approval_request"
+
+    def to_json(self) -> dict[str, Any]:
+        offer = self.offer
+        return {
+            "type": self.type,
+            "v": STREAM_VERSION,
+            "call": _call(self.call),
+            "event": self.request.to_json(),
+            "offer": None
+            if offer is None
+            else {
+                "rule": offer.rule.text if offer.rule is not None else None,
+                "no_rule_because": offer.no_rule_because,
+                "warning": offer.warning,
+            },
+        }
 
     @property
     def call_id(self) -> str:
@@ -98,7 +153,17 @@ class Decision:
     """A verdict on a call is on disk (by a policy, a rule, the floor, or a human)."""
 
     event: ApprovalDecided
+    call: ToolCall | None = None
+    """The call it decides (None only when the log no longer names it)."""
     type: ClassVar[str] = "decision"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "v": STREAM_VERSION,
+            "call": None if self.call is None else _call(self.call),
+            "event": self.event.to_json(),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +173,14 @@ class ToolStart:
     call: ToolCall
     event: ExecutionStarted
     type: ClassVar[str] = "tool_start"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "v": STREAM_VERSION,
+            "call": _call(self.call),
+            "event": self.event.to_json(),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +193,16 @@ class ToolOutput:
     text: str
     type: ClassVar[str] = "tool_output"
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "v": STREAM_VERSION,
+            "call_id": self.call.call_id,
+            "name": self.call.name,
+            "execution_id": self.execution_id,
+            "text": self.text,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class ToolEnd:
@@ -129,13 +212,41 @@ class ToolEnd:
     event: ExecutionFinished
     type: ClassVar[str] = "tool_end"
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "v": STREAM_VERSION,
+            "call": _call(self.call),
+            "event": self.event.to_json(),
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class UncertainPending:
     """Executions started and never reported; rule on each with ``session.resolve``."""
 
     executions: tuple[Uncertain, ...]
+    running: frozenset[str] = field(default_factory=frozenset)
+    """Ids of executions whose processes may still be running (a ruling waits for them)."""
     type: ClassVar[str] = "uncertain"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "v": STREAM_VERSION,
+            "executions": [
+                {
+                    "execution_id": u.execution_id,
+                    "call_id": u.call_id,
+                    "name": u.name,
+                    "input": u.input,
+                    "started_seq": u.started_seq,
+                    "auto_rerun": u.auto_rerun,
+                    "may_be_running": u.execution_id in self.running,
+                }
+                for u in self.executions
+            ],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +256,9 @@ class Ruling:
     event: ExecutionResolved
     type: ClassVar[str] = "ruling"
 
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "v": STREAM_VERSION, "event": self.event.to_json()}
+
 
 @dataclass(frozen=True, slots=True)
 class Paused:
@@ -153,6 +267,9 @@ class Paused:
     reason: str
     type: ClassVar[str] = "paused"
 
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "v": STREAM_VERSION, "reason": self.reason}
+
 
 @dataclass(frozen=True, slots=True)
 class Terminal:
@@ -160,6 +277,9 @@ class Terminal:
 
     outcome: Outcome
     type: ClassVar[str] = "terminal"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "v": STREAM_VERSION, "outcome": self.outcome.to_json()}
 
 
 RunEvent: TypeAlias = (
@@ -177,3 +297,8 @@ RunEvent: TypeAlias = (
     | Paused
     | Terminal
 )
+
+
+def event_to_json(event: RunEvent) -> dict[str, Any]:
+    """The JSON form of a run event (``event.to_json()``), for callers holding the union."""
+    return event.to_json()

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 from kiso.kernel.errors import UsageError
 from kiso.kernel.execution import is_rerunnable
@@ -104,15 +104,30 @@ class ToolContext:
     progress: Callable[[str], None] = _ignore
     """Report output as the tool produces it (display only, never logged; callable from any
     thread). What the model reads is still the returned result."""
-    inherit_fds: tuple[int, ...] = ()
-    """File descriptors every process the tool starts must inherit (``pass_fds``): the runtime's
-    liveness guard, which tells a later resume whether those processes may still be running."""
+    fds: tuple[int, ...] | Callable[[], tuple[int, ...]] = field(default=(), repr=False)
+    """What :attr:`inherit_fds` gives: the descriptors, or a function making them on first use
+    (how the runtime passes its liveness guard: a tool that starts no process costs nothing)."""
+
+    @property
+    def inherit_fds(self) -> tuple[int, ...]:
+        """File descriptors every process the tool starts must inherit (``pass_fds``): the
+        runtime's liveness guard, which tells a later resume whether those processes may still
+        be running. Read it just before starting a process (it is made on first use)."""
+        fds = self.fds
+        if callable(fds):
+            fds = self.fds = fds()
+        return fds
+
+    @inherit_fds.setter
+    def inherit_fds(self, value: tuple[int, ...]) -> None:
+        self.fds = tuple(value)
 
     def cancelled(self) -> bool:
         """Whether the run is being aborted (``abort.is_set()``)."""
         return self.abort.is_set()
 
 
+_AsyncExecute: TypeAlias = Callable[..., Awaitable[Any]]
 Execute: TypeAlias = Callable[
     [dict[str, Any], ToolContext], "ToolResult | str | Awaitable[ToolResult | str]"
 ]
@@ -127,6 +142,12 @@ class Tool:
     execute: Execute
     effects: Effects = Effects.OTHER
     idempotent: bool = False
+    _with_context: bool = field(default=False, init=False, repr=False, compare=False)
+    _is_async: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_with_context", _wants_context(self.execute))
+        object.__setattr__(self, "_is_async", inspect.iscoroutinefunction(self.execute))
 
     @property
     def read_only(self) -> bool:
@@ -151,9 +172,10 @@ class Tool:
         """
         import asyncio
 
-        args: tuple[Any, ...] = (input, ctx) if _wants_context(self.execute) else (input,)
-        if inspect.iscoroutinefunction(self.execute):
-            out = await self.execute(*args)
+        args: tuple[Any, ...] = (input, ctx) if self._with_context else (input,)
+        out: Any
+        if self._is_async:
+            out = await cast(_AsyncExecute, self.execute)(*args)
         else:
             out = await asyncio.to_thread(self.execute, *args)
             if inspect.isawaitable(out):
