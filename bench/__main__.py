@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import platform
 
-from bench import append, executer, kml, load, runtime, size, startup
+from bench import append, concurrency, executer, kml, load, runtime, size, startup
 
 
 def main() -> None:
@@ -21,6 +21,7 @@ def main() -> None:
         startup.run(3)
         kml.run(100_000, 1)
         executer.run(100, 1)
+        concurrency.run(5, 3, repeat=1)
     else:
         append.run(10_000, 3)
         load.run(100_000, 5)
@@ -29,6 +30,7 @@ def main() -> None:
         startup.run(15)
         kml.run()
         executer.run()
+        concurrency.run(50, 20, repeat=3)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import math
 import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -348,28 +351,72 @@ def test_fuzz_mutated_documents_only_kml_errors(plan: Plan, data: st.DataObject)
     _check(text)
 
 
+def _growth(make: Callable[[int], str], n: int, work: Callable[[str], object]) -> float:
+    """How many times longer ``work`` takes on ``make(4 * n)`` than on ``make(n)``.
+
+    No absolute bound (a busy machine is not a slow parser): the best of a few alternating
+    timings of each size, the collector off while timing, each timing long enough to be read
+    (both sizes repeated as often as the small one needs to take 20 ms). Linear work gives about
+    4, quadratic about 16.
+    """
+    small, big = make(n), make(4 * n)
+    began = time.perf_counter()
+    work(small)
+    number = max(1, math.ceil(0.02 / max(time.perf_counter() - began, 1e-9)))
+    best = {small: math.inf, big: math.inf}
+    enabled = gc.isenabled()
+    try:
+        for _ in range(3):
+            for text in (small, big):
+                gc.collect()
+                gc.disable()
+                began = time.perf_counter()
+                for _ in range(number):
+                    work(text)
+                best[text] = min(best[text], time.perf_counter() - began)
+                if enabled:
+                    gc.enable()
+    finally:
+        if enabled:
+            gc.enable()
+    return best[big] / best[small]
+
+
+LINEAR = 10.0
+"""The most the 4x input may cost over the 1x one: well above linear (4), well below quadratic."""
+
+
 @pytest.mark.parametrize(
-    "text",
+    ("make", "n"),
     [
-        "<kyronix><tool name='a'><content>" + "</content>x" * 100_000,
-        "<kyronix><tool name='a'><content>" + "</content> \n" * 100_000 + "</tool>",
-        "<kyronix><tool name='a'><content>" + "<![CDATA[]]>" * 90_000,
-        "<kyronix>" + "<tool name='a'><p>x</p></tool>" * 40_000,
-        "<tool name='a'><p>x</p></tool>" * 40_000,
-        "<kyronix><tool name='a'" + " b='1'" * 150_000,
-        "<kyronix><tool name='a'><content>" + "</content><" * 100_000,
+        (lambda k: "<kyronix><tool name='a'><content>" + "</content>x" * k, 25_000),
+        (lambda k: "<kyronix><tool name='a'><content>" + "</content> \n" * k + "</tool>", 25_000),
+        (lambda k: "<kyronix><tool name='a'><content>" + "<![CDATA[]]>" * k, 22_500),
+        (lambda k: "<kyronix>" + "<tool name='a'><p>x</p></tool>" * k, 10_000),
+        (lambda k: "<tool name='a'><p>x</p></tool>" * k, 10_000),
+        (lambda k: "<kyronix><tool name='a'" + " b='1'" * k, 37_500),
+        (lambda k: "<kyronix><tool name='a'><content>" + "</content><" * k, 25_000),
+    ],
+    ids=[
+        "close-then-text",
+        "close-then-space",
+        "empty-cdata",
+        "many-tools",
+        "many-tools-no-root",
+        "many-attributes",
+        "close-then-lt",
     ],
 )
-def test_linear_time_on_adversarial_megabyte(text: str) -> None:
-    assert len(text) > 900_000
-    start = time.perf_counter()
-    _check(text)
-    assert time.perf_counter() - start < 3.0
+def test_linear_time_on_adversarial_megabyte(make: Callable[[int], str], n: int) -> None:
+    assert len(make(4 * n)) > 900_000
+    growth = _growth(make, n, _check)
+    assert growth < LINEAR, f"4x the input took {growth:.1f}x the time: not linear"
 
 
 def test_many_args_are_linear() -> None:
-    body = "".join(f"<a{i}>v</a{i}>" for i in range(50_000))
-    start = time.perf_counter()
-    tool = one_tool(body)
-    assert len(tool.args) == 50_000
-    assert time.perf_counter() - start < 3.0
+    def body(k: int) -> str:
+        return "".join(f"<a{i}>v</a{i}>" for i in range(k))
+
+    assert len(one_tool(body(50_000)).args) == 50_000
+    growth = _growth(body, 12_500, one_tool)
+    assert growth < LINEAR, f"4x the arguments took {growth:.1f}x the time: not linear"
