@@ -115,7 +115,7 @@ def test_an_interrupted_session_repaired_then_ruled_on_runs_each_effect_once(
     damage(log_path("d2"), "execution_started", 1)  # a's start; its receipt is after it
     out = kiso(tmp_path, "doctor", "d2")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "uncertain, a human rules before anything runs: d2:" in out.stdout
+    assert "uncertain, never run again unasked: d2:" in out.stdout
     stuck = kiso(tmp_path, "resume", "d2", "--mode", "bypass", KISO_FAUX_SCRIPT=s)
     assert stuck.returncode == 1 and "--resolve rerun|skip|applied" in stuck.stderr
     assert effects(tmp_path) == ["a"]

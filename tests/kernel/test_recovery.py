@@ -187,6 +187,22 @@ def test_execute_uses_the_persisted_input() -> None:
     assert action.calls[0].input == {"path": "a.py", "edits": [{"oldText": "x", "newText": "y"}]}
 
 
+def test_a_rerun_executes_the_input_its_start_recorded() -> None:
+    # A loadable log cannot hold a start whose input differs from its call (the loader refuses
+    # it as corruption); the fold still takes the rerun's input from the start, never elsewhere.
+    b = LogBuilder()
+    make = call("c1", "shell", command="make")
+    b.start("r")
+    b.user("go")
+    b.assistant(make)
+    b.decide(make)
+    b.started(call("c1", "shell", command="make -j4"), "r:5")
+    b.resolved(make, "r:5", "rerun")
+    action = plan(b.events)
+    assert isinstance(action, Execute)
+    assert action.calls[0].input == {"command": "make -j4"}
+
+
 def settled_calls(events: list[Event]) -> set[tuple[int, str]]:
     """An oracle written apart from the kernel: (declaring seq, call id) of every call that has
     a receipt, a denial, or a skipped/applied ruling."""

@@ -132,6 +132,7 @@ def chat(
     prompt = prompt_here if prompt_here is not None else _str(opts.get("prompt"))
     model = model_here or _str(opts.get("model"))
     mode = mode_here or _str(opts.get("mode"))
+    _check_usage(session_id, mode)
     if prompt is not None:
         from kiso.cli.print_mode import run_headless
 
@@ -176,6 +177,7 @@ def resume(
     mode = mode_here or _str(opts.get("mode"))
     output_format = format_here or str(opts.get("output_format") or "text")
     resolution = resolve_here or _str(opts.get("resolve"))
+    _check_usage(session_id, mode)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     if session_id is None:
         if not interactive:
@@ -191,7 +193,11 @@ def resume(
     if interactive:
         from kiso.cli.repl import run_interactive
 
-        sys.exit(run_interactive(session_id=session_id, model=model, mode=mode, prompt=prompt))
+        sys.exit(
+            run_interactive(
+                session_id=session_id, model=model, mode=mode, prompt=prompt, must_exist=True
+            )
+        )
     from kiso.cli.print_mode import run_headless
 
     sys.exit(
@@ -202,12 +208,28 @@ def resume(
             mode=mode,
             output_format=output_format,
             resolve=resolution,
+            must_exist=True,
         )
     )
 
 
 def _str(value: object) -> str | None:
     return None if value is None else str(value)
+
+
+def _check_usage(session_id: str | None, mode: str | None) -> None:
+    """A malformed session id or an unknown --mode is a usage error (exit 2), said in one line."""
+    from kiso.kernel import UsageError
+    from kiso.kernel.ids import check_session_id
+    from kiso.runtime.approvals import check_mode
+
+    try:
+        if session_id is not None:
+            check_session_id(session_id)
+        if mode is not None:
+            check_mode(mode)
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 @cli.command()

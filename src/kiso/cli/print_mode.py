@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from kiso.kernel import Assistant, Event, KisoError, Outcome, Ruling, RunStarted, parse_ruling
-from kiso.runtime import Session, stream
+from kiso.runtime import STREAM_VERSION, Session, stream
 
 __all__ = ["run_headless"]
 
@@ -37,6 +39,7 @@ def run_headless(
     mode: str | None,
     output_format: str = "text",
     resolve: str | None = None,
+    must_exist: bool = False,
 ) -> int:
     from kiso.cli.setup import open_session, prepare
 
@@ -45,7 +48,8 @@ def run_headless(
     try:
         setup = prepare(model=model, mode=mode)
         ruling = parse_ruling(resolve) if resolve is not None else None
-        with open_session(setup, session_id, headless=True) as session:
+        with open_session(setup, session_id, headless=True, must_exist=must_exist) as session:
+            out.on_closed = lambda: session.abort("output closed")
             out.note(f"session {session.id} · {setup.resolved.describe()} · mode {session.mode}")
             first = len(session.events)
             outcome: Outcome | None = None
@@ -66,10 +70,16 @@ def run_headless(
                             blocked = True
                         elif isinstance(ev, stream.Terminal):
                             outcome = ev.outcome
-            out.result(session, session.events[first:], outcome, blocked, began)
+            code = _exit_code(prompt, outcome, blocked)
+            out.result(session, session.events[first:], outcome, code, began)
     except KisoError as exc:
         out.fail(str(exc))
         return 1
+    return code
+
+
+def _exit_code(prompt: str | None, outcome: Outcome | None, blocked: bool) -> int:
+    """0 when the run completed, or when there was nothing to resume and no prompt; else 1."""
     if blocked:
         return 1
     if outcome is None:
@@ -100,49 +110,77 @@ def _uncertain(
 
 
 class _Output:
+    """What print mode writes. A reader that goes away (a closed pipe) stops the run: the
+    runtime records it ``aborted`` (``by: "output closed"``) rather than leave it open."""
+
     def __init__(self, kind: str) -> None:
         self.kind = kind
+        self.closed = False
+        self.on_closed: Callable[[], None] = lambda: None
+
+    def _write(self, write: Callable[[], None]) -> None:
+        if self.closed:
+            return
+        try:
+            write()
+        except BrokenPipeError:
+            self.closed = True
+            # Nothing more can reach the reader; keep the interpreter's last flush quiet too.
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            self.on_closed()
 
     def _line(self, obj: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-        sys.stdout.flush()
+        def write() -> None:
+            sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+
+        self._write(write)
+
+    def _echo(self, text: str, *, nl: bool = True, err: bool = False) -> None:
+        if err:  # stderr is for notes: a closed stderr is not the reader going away
+            with contextlib.suppress(OSError):
+                click.echo(text, nl=nl, err=True)
+            return
+        self._write(lambda: click.echo(text, nl=nl))
 
     def note(self, text: str) -> None:
         if self.kind == "stream-json":
-            self._line({"type": "note", "text": text})
+            self._line({"type": "note", "v": STREAM_VERSION, "text": text})
         else:
-            click.echo(text, err=True)
+            self._echo(text, err=True)
 
     def event(self, ev: stream.RunEvent) -> None:
         if self.kind == "stream-json":
             self._line(ev.to_json())
         elif self.kind == "text":
             if isinstance(ev, stream.TextDelta):
-                click.echo(ev.text, nl=False)
+                self._echo(ev.text, nl=False)
             elif isinstance(ev, stream.ModelTurn) and ev.event.text:
-                click.echo()
+                self._echo("")
             elif isinstance(ev, stream.ToolStart):
-                click.echo(f"[{ev.call.name}]", err=True)
+                self._echo(f"[{ev.call.name}]", err=True)
             elif isinstance(ev, stream.Terminal) and ev.outcome.kind != "completed":
-                click.echo(f"kiso: the run did not complete: {_why(ev.outcome)}", err=True)
+                self._echo(f"kiso: the run did not complete: {_why(ev.outcome)}", err=True)
 
     def result(
         self,
         session: Session,
         events: Any,
         outcome: Outcome | None,
-        blocked: bool,
+        code: int,
         began: float,
     ) -> None:
         summary = _summary(list(events))
         if self.kind == "text":
-            click.echo(summary["line"], err=True)
+            self._echo(summary["line"], err=True)
             return
         result = {
             "type": "result",
+            "v": STREAM_VERSION,
             "session_id": session.id,
             "outcome": outcome.to_json() if outcome else None,
-            "is_error": blocked or outcome is None or outcome.kind != "completed",
+            "is_error": code != 0,
             "result": summary["answer"],
             "usage": summary["usage"],
             "cost": summary["cost"],
@@ -154,9 +192,9 @@ class _Output:
 
     def fail(self, message: str) -> None:
         if self.kind == "text":
-            click.echo(f"kiso: {message}", err=True)
+            self._echo(f"kiso: {message}", err=True)
         else:
-            self._line({"type": "result", "is_error": True, "error": message})
+            self._line({"type": "result", "v": STREAM_VERSION, "is_error": True, "error": message})
 
 
 def _why(outcome: Outcome) -> str:

@@ -99,14 +99,19 @@ class Screen(Protocol):
 
 
 def run_interactive(
-    *, session_id: str | None, model: str | None, mode: str | None, prompt: str | None = None
+    *,
+    session_id: str | None,
+    model: str | None,
+    mode: str | None,
+    prompt: str | None = None,
+    must_exist: bool = False,
 ) -> int:
     """Run the interactive session; the process exit code."""
     from kiso.cli.setup import open_session, prepare
 
     try:
         setup = prepare(model=model, mode=mode)
-        session = open_session(setup, session_id)
+        session = open_session(setup, session_id, must_exist=must_exist)
     except KisoError as exc:
         print(f"kiso: {exc}", file=sys.stderr)
         return 1

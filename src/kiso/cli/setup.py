@@ -43,7 +43,9 @@ def prepare(*, model: str | None, mode: str | None, workspace: Path | None = Non
     return Setup(agent, config, resolved, ws)
 
 
-def open_session(setup: Setup, session_id: str | None, *, headless: bool = False) -> Session:
+def open_session(
+    setup: Setup, session_id: str | None, *, headless: bool = False, must_exist: bool = False
+) -> Session:
     """Open (or create) a session; one that started in another workspace is refused by name.
 
     The session continues in the mode its log last recorded unless ``--mode``/``KISO_MODE``
@@ -55,6 +57,11 @@ def open_session(setup: Setup, session_id: str | None, *, headless: bool = False
             header = store.load(session_id).header
         except SessionNotFoundError:
             header = None
+        if header is None and must_exist:
+            raise SessionNotFoundError(
+                f"no session {session_id!r}: `kiso sessions --all` lists them (a new session "
+                f"starts with `kiso -p PROMPT {session_id}` or `kiso {session_id}`)"
+            )
         if header is not None and header.workspace != str(setup.workspace):
             raise UsageError(
                 f"session {session_id} belongs to {header.workspace}; a session resumes only in "

@@ -182,8 +182,9 @@ class Repair:
             out.append(f"  kept as ruled on, never asked again: {', '.join(self.ruled)}")
         if self.uncertain:
             out.append(
-                f"  uncertain, a human rules before anything runs: {', '.join(self.uncertain)} "
-                f"(`kiso resume {sid}` asks; headless: --resolve rerun|skip|applied)"
+                f"  uncertain, never run again unasked: {', '.join(self.uncertain)} (a read-only "
+                f"or idempotent tool is re-run by itself; for any other `kiso resume {sid}` "
+                f"asks a human; headless: --resolve rerun|skip|applied)"
             )
         out.append(f"  next: `kiso resume {sid}`")
         return out
@@ -216,6 +217,8 @@ def _read_line(number: int, raw: bytes) -> _Line:
         return line
     except UnicodeDecodeError:
         line.reason = "not UTF-8 text"
+    except RecursionError:
+        line.reason = "not a valid event: nested too deeply to read"
     except ValueError as exc:  # json.JSONDecodeError and EventError are both ValueErrors
         line.reason = (
             f"not a valid event: {exc}" if isinstance(exc, EventError) else "not valid JSON"
@@ -261,6 +264,7 @@ class _Assembler:
         self.closed: set[str] = set()
         self.runs: set[str] = set()
         self.last_start: RunStarted | None = None
+        self.modes: dict[str, str] = {}  # run -> the mode its verdicts name
         self.ids: set[str] = set()
         self.added: list[Added] = []
         self.dropped: list[Dropped] = []
@@ -337,11 +341,17 @@ class _Assembler:
             return
         last = self.last_start
         model = last.model if last is not None else ModelRef(DOCTOR, "unknown")
-        mode = last.mode if last is not None else "default"
+        if run in self.modes:
+            mode, said = self.modes[run], "the mode its own verdicts name"
+        elif last is not None:
+            mode, said = last.mode, "the previous run's mode"
+        else:
+            mode, said = "default", "no record names its mode, so the default (asks the most)"
         self._add(
             RunStarted(run=run, trigger="resume", model=model, mode=mode, ts=ts),
             f"run {run}",
-            "its own run_started was lost with the damage; the run's records follow",
+            f"its own run_started was lost with the damage; the run's records follow; mode "
+            f"{mode}: {said}",
         )
 
     # -- the lines after the prefix
@@ -556,6 +566,10 @@ def repair_log(data: bytes, path: str, session_id: str, *, now: int) -> Repair:
     }
     seen = set(data[starts[k] : starts[k + 1] - 1] for k in range(error.line - 1))
     asm = _Assembler(session_id, prefix.events, now)
+    for line in tail:  # a lost run_started's mode, as the run's own verdicts name it
+        ev = line.event
+        if isinstance(ev, ApprovalDecided) and ev.decided_by.startswith("mode:") and ev.run:
+            asm.modes.setdefault(ev.run, ev.decided_by.removeprefix("mode:"))
     for i, line in enumerate(tail):
         if line.event is not None and line.raw in seen:
             asm._drop(line, "it repeats an earlier line byte for byte")

@@ -15,6 +15,7 @@
      |    +-- SessionNotFoundError   no log with that id
      |    +-- SessionExistsError     create() named an id that is taken
      |    +-- AppendError            an append was refused or failed (closed writer, full disk)
+     |         +-- InvalidEventError  an event that would not load back was refused
      +-- RunError                    a run or an operation on it could not go on
      |    +-- ProviderError          a model request failed            (kiso.providers.base)
      +-- RefusedError                refused by policy: the floor, a mode, a rule, the sandbox
@@ -40,6 +41,7 @@ __all__ = [
     "ControlSignal",
     "CorruptLogError",
     "EventError",
+    "InvalidEventError",
     "KisoError",
     "RefusedError",
     "RunError",
@@ -138,6 +140,10 @@ class SessionExistsError(StoreError):
 
 class AppendError(StoreError):
     """An append was refused or failed; what was not committed is named in the message."""
+
+
+class InvalidEventError(AppendError):
+    """An event was refused before anything was written: it would not load back."""
 
 
 def describe_os_error(path: str | os.PathLike[str], exc: OSError, doing: str) -> str:

@@ -151,6 +151,10 @@ def _parse_log(data: bytes, path: str, session_id: str | None) -> SessionLog:
         raise CorruptLogError(
             path, number, f"not a valid event: {exc}", session_id=session_id
         ) from None
+    except RecursionError:
+        raise CorruptLogError(
+            path, number, "not a valid event: nested too deeply to read", session_id=session_id
+        ) from None
     return SessionLog(header, tuple(events), path, torn)
 
 

@@ -37,12 +37,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from kiso.kernel.errors import AppendError, EventError
+from kiso.kernel.errors import AppendError, EventError, InvalidEventError
 from kiso.kernel.events import (
     Assistant,
     Event,
     ExecutionStarted,
     SessionHeader,
+    SettingChanged,
+    User,
     dumps_line,
     event_from_json,
 )
@@ -104,6 +106,7 @@ class SessionStore(Protocol):
         ...
 
 
+_OUTSIDE_DATA = frozenset({Assistant, User, SettingChanged})
 _POOL_SIZE = 32
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -136,8 +139,9 @@ class SessionWriter(ABC):
     inline_io = False
     """Write batches on the calling thread (a store with no real I/O, like the memory store)."""
     serialises = True
-    """Events are turned into log lines (a store that writes nothing may skip it: every field is
-    still checked exactly as the loader checks it)."""
+    """Events are turned into log lines. A store that writes nothing may skip it: every field is
+    still checked exactly as the loader checks it, and the records that carry data from outside
+    (model turns, user input, settings) are still encoded once to prove they are JSON."""
 
     def __init__(self, log: SessionLog, clock: Clock) -> None:
         self.header = log.header
@@ -227,13 +231,19 @@ class SessionWriter(ABC):
                     obj["ts"] = event.ts or now
                     if serialises:
                         lines.append(dumps_line(obj))
+                    elif type(event) in _OUTSIDE_DATA:  # still prove it is JSON
+                        dumps_line(obj)
                     # The loader's own check, which also builds the stamped event: never write
                     # what cannot load.
-                    stamped.append(event_from_json(obj))
-                except (EventError, TypeError, ValueError) as exc:
-                    raise AppendError(
-                        f"session {self.id}: refused to append an invalid {event.type} event: {exc}"
+                    ready = event_from_json(obj)
+                except (EventError, TypeError, ValueError, RecursionError) as exc:
+                    why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                    raise InvalidEventError(
+                        f"session {self.id}: refused to append an invalid {event.type} event: "
+                        f"{why}"
                     ) from None
+                turn = self._check_turn(ready, turn)
+                stamped.append(ready)
                 seq += 1
             self._events.extend(stamped)
             self._staged.extend(stamped)
@@ -250,7 +260,7 @@ class SessionWriter(ABC):
             and event.call_id in turn
             and turn[event.call_id] != event.input
         ):
-            raise AppendError(
+            raise InvalidEventError(
                 f"session {self.id}: refused to append execution_started {event.execution_id}: "
                 f"its input differs from the one the assistant record gave call {event.call_id}"
             )

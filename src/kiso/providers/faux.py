@@ -147,11 +147,17 @@ def load_script(path: str | os.PathLike[str]) -> tuple[FauxTurn, ...]:
         raw = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ScriptError(f"cannot read the faux script {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ScriptError(f"the faux script {path} is not UTF-8 text") from None
     try:
         data = json.loads(raw)
+        return parse_script(data, str(path))
+    except RecursionError:
+        raise ScriptError(f"the faux script {path} is nested too deeply to read") from None
+    except ScriptError:
+        raise
     except ValueError as exc:
         raise ScriptError(f"the faux script {path} is not valid JSON: {exc}") from None
-    return parse_script(data, str(path))
 
 
 class FauxAdapter:

@@ -60,7 +60,7 @@ class Agent:
         idle_timeout: float = 120.0,
         hooks: Sequence[Hook] = (),
         policies: Sequence[Policy] = (),
-        rules: RulesFile | None = None,
+        rules: RulesFile | str | os.PathLike[str] | None = None,
         floor: bool = True,
         home: str | os.PathLike[str] | None = None,
         strip_env: Iterable[str] = (),
@@ -81,7 +81,16 @@ class Agent:
         self.max_retries = max_retries
         self.retry_base_delay = retry_base_delay
         self.idle_timeout = idle_timeout
-        self.rules = rules if rules is not None else RulesFile(kiso_home() / RULES_FILE)
+        if rules is None:
+            self.rules = RulesFile(kiso_home() / RULES_FILE)
+        elif isinstance(rules, RulesFile):
+            self.rules = rules
+        elif isinstance(rules, str | os.PathLike):
+            self.rules = RulesFile(Path(rules))
+        else:
+            raise UsageError(
+                f"rules must be a RulesFile or the path of a rules file, not {type(rules).__name__}"
+            )
         self.floor = floor
         self.hooks = HookChain(
             [FloorHook(floor), ModeHook(), RulesHook(self.rules), *as_hooks(policies), *hooks]

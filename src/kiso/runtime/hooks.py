@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from kiso.kernel import Assistant, Compacted, Outcome, RunError, ToolCall
+from kiso.kernel import Assistant, Compacted, Outcome, RunError, ToolCall, UsageError
 
 if TYPE_CHECKING:
     from kiso.providers.base import ModelRequest
@@ -180,6 +180,7 @@ class HookChain:
         for hook in self.by_point["before_model"]:
             try:
                 replaced = hook.before_model(request, run)
+                _expect(replaced, _model_request(), "a ModelRequest")
             except Exception as exc:
                 raise HookFailed(hook, "before_model", exc) from exc
             if replaced is not None:
@@ -197,6 +198,7 @@ class HookChain:
         for hook in self.by_point["after_tool"]:
             try:
                 replaced = hook.after_tool(call, result, run)
+                _expect(replaced, _tool_result(), "a ToolResult")
             except Exception as exc:
                 raise HookFailed(hook, "after_tool", exc) from exc
             if replaced is not None:
@@ -216,6 +218,23 @@ class HookChain:
                 hook.on_run_end(outcome, run)
             except Exception as exc:
                 raise HookFailed(hook, "on_run_end", exc) from exc
+
+
+def _expect(value: object, kind: type, what: str) -> None:
+    if value is not None and not isinstance(value, kind):
+        raise UsageError(f"it returned {type(value).__name__}; return {what} or None")
+
+
+def _model_request() -> type:
+    from kiso.providers.base import ModelRequest
+
+    return ModelRequest
+
+
+def _tool_result() -> type:
+    from kiso.tools.base import ToolResult
+
+    return ToolResult
 
 
 def _overrides(hook: Hook, point: str) -> bool:

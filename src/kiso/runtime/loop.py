@@ -46,6 +46,7 @@ from kiso.kernel import (
     ExecutionResolved,
     ExecutionStarted,
     Idle,
+    InvalidEventError,
     KisoError,
     Outcome,
     ResolveUncertain,
@@ -137,7 +138,6 @@ async def drive(
                             yield ev.Decision(event, call)
                     run.seen = len(session.events)
                 elif isinstance(action, Execute):
-                    await asyncio.sleep(0)
                     async for item in _execute(run, run_id, action.calls):
                         yield item
                 elif isinstance(action, AwaitApproval):
@@ -176,9 +176,12 @@ async def _ask(run: Run, run_id: str, action: AwaitApproval) -> AsyncIterator[ev
     calls = {cs.call.call_id: cs.call for cs in session.fold.turn or ()}
     for request in action.requests:
         calls.setdefault(request.call_id, ToolCall(request.call_id, request.name, request.input))
-    if session.headless:  # a question left by an earlier, interactive run
+    if session.headless:  # a question an earlier, interactive run left: nobody here to answer
         for request in action.requests:
-            yield ev.Decision(_headless_denial(run, run_id, calls[request.call_id]))
+            call = calls[request.call_id]
+            yield ev.Decision(
+                _record(run, run_id, call, Verdict("deny", "headless", _PENDING)), call
+            )
         return
     await session.committed()  # the question is on disk before anyone sees it
     run.seen = len(session.events)
@@ -252,27 +255,31 @@ async def _end(run: Run, run_id: str, outcome: Outcome) -> ev.Terminal:
 # --------------------------------------------------------------------------- approvals
 
 
-def _decide(run: Run, run_id: str, call: ToolCall) -> Event:
-    """Stage this call's verdict (or the question to a human) in the log's next batch."""
+def _verdict(run: Run, run_id: str, call: ToolCall) -> Verdict:
+    """What the runtime, the schema and the approval chain say about ``call`` now (pure: no
+    record is written). In a headless session an ask becomes a denial by ``headless``."""
     session, agent = run.session, run.agent
     tool = agent.tool(call.name)
-    digest = input_sha256(call.input)
     if tool is None:
         names = ", ".join(sorted(agent.tools)) or "none"
-        missing = f"there is no tool named {call.name!r} (tools: {names})"
-        verdict = Verdict("deny", "runtime", missing)
-    elif (problem := agent.input_problem(tool, call.input)) is not None:
-        verdict = Verdict("deny", "schema", f"invalid input for {call.name}: {problem}")
-    else:
-        mode = session.mode
-        ctx = CallContext(call, tool, agent.workspace, agent.home, mode, session.id, run_id)
-        chain = agent.hooks.tool_hooks
-        verdict = compose(chain, ctx, unattended=mode == "dontAsk")
-        if verdict.decision == "ask" and session.headless:
-            reason = _headless_reason(allowing_modes(chain, ctx))
-            verdict = Verdict("deny", "headless", reason)
+        return Verdict("deny", "runtime", f"there is no tool named {call.name!r} (tools: {names})")
+    problem = agent.input_problem(tool, call.input)
+    if problem is not None:
+        return Verdict("deny", "schema", f"invalid input for {call.name}: {problem}")
+    mode = session.mode
+    ctx = CallContext(call, tool, agent.workspace, agent.home, mode, session.id, run_id)
+    chain = agent.hooks.tool_hooks
+    verdict = compose(chain, ctx, unattended=mode == "dontAsk")
+    if verdict.decision == "ask" and session.headless:
+        return Verdict("deny", "headless", _headless_reason(allowing_modes(chain, ctx)))
+    return verdict
+
+
+def _decide(run: Run, run_id: str, call: ToolCall) -> Event:
+    """Stage this call's verdict (or the question to a human) in the log's next batch."""
+    verdict = _verdict(run, run_id, call)
     if verdict.decision == "ask":
-        (event,) = session.stage(
+        (event,) = run.session.stage(
             ApprovalRequested(
                 run=run_id,
                 call_id=call.call_id,
@@ -282,39 +289,31 @@ def _decide(run: Run, run_id: str, call: ToolCall) -> Event:
             )
         )
         return event
-    (event,) = session.stage(
+    return _record(run, run_id, call, verdict)
+
+
+def _record(run: Run, run_id: str, call: ToolCall, verdict: Verdict) -> ApprovalDecided:
+    (event,) = run.session.stage(
         ApprovalDecided(
             run=run_id,
             call_id=call.call_id,
             decision="approved" if verdict.decision == "allow" else "denied",
             decided_by=verdict.by,
             reason=verdict.reason,
-            input_sha256=digest,
+            input_sha256=input_sha256(call.input),
             rule=verdict.rule,
         )
     )
-    return event
-
-
-def _headless_denial(run: Run, run_id: str, call: ToolCall) -> ApprovalDecided:
-    """Deny a question nobody can answer here, naming the modes that would allow the call."""
-    session, agent = run.session, run.agent
-    ctx = CallContext(
-        call, agent.tool(call.name), agent.workspace, agent.home, session.mode, session.id, run_id
-    )
-    (event,) = session.stage(
-        ApprovalDecided(
-            run=run_id,
-            call_id=call.call_id,
-            decision="denied",
-            decided_by="headless",
-            reason=_headless_reason(allowing_modes(agent.hooks.tool_hooks, ctx)),
-            input_sha256=input_sha256(call.input),
-        )
-    )
-    run.seen = len(session.events)
+    run.seen = len(run.session.events)
     assert isinstance(event, ApprovalDecided)
     return event
+
+
+_PENDING = (
+    "this call was waiting for a person's answer, and nobody can answer in a headless run; a "
+    "question once asked is put again, not re-decided, so resume the session on a terminal to "
+    "answer it"
+)
 
 
 def _headless_reason(modes: Sequence[str]) -> str:
@@ -582,16 +581,20 @@ async def _call_model(run: Run, run_id: str, failure: list[Outcome]) -> AsyncIte
             delay = min(delay, 30.0) * (1 + random.random() * 0.1)
             yield ev.Retry(attempt, delay, exc.message)
             await asyncio.sleep(delay)
-    (committed,) = session.stage(
-        Assistant(
-            run=run_id,
-            blocks=_unique_call_ids(done.blocks),
-            stop=done.stop,  # type: ignore[arg-type]
-            usage=done.usage,
-            model=done.model,
-            ms=int(run.model_ms),
+    try:
+        (committed,) = session.stage(
+            Assistant(
+                run=run_id,
+                blocks=_unique_call_ids(done.blocks),
+                stop=done.stop,  # type: ignore[arg-type]
+                usage=done.usage,
+                model=done.model,
+                ms=int(run.model_ms),
+            )
         )
-    )
+    except InvalidEventError as exc:  # a turn that could not be read back: nothing is staged
+        failure.append(Outcome.error("invalid_turn", str(exc), retryable=False))
+        return
     run.seen = len(session.events)
     assert isinstance(committed, Assistant)
     if hooks.by_point["after_turn"]:
