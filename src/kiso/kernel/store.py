@@ -239,8 +239,7 @@ class SessionWriter(ABC):
                 except (EventError, TypeError, ValueError, RecursionError) as exc:
                     why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
                     raise InvalidEventError(
-                        f"session {self.id}: refused to append an invalid {event.type} event: "
-                        f"{why}"
+                        f"session {self.id}: refused to append an invalid {event.type} event: {why}"
                     ) from None
                 turn = self._check_turn(ready, turn)
                 stamped.append(ready)
