@@ -14,22 +14,7 @@ from pathlib import Path
 
 from kiso.kernel import JsonlSessionStore
 
-BIN = Path(sys.executable).parent / "kiso"
-KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "KISO_FAUX_SCRIPT", "KISO_MODEL")
-
-
-def kiso(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in KEYS and k != "KISO_FAILPOINT"}
-    return subprocess.run(
-        [str(BIN), *args],
-        cwd=cwd,
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
+from .test_headless import kiso
 
 
 def shell(tag: str) -> dict[str, object]:

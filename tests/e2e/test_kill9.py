@@ -19,6 +19,7 @@ import pytest
 
 from kiso.kernel import ExecutionResolved, JsonlSessionStore, RunEnded, plan
 from kiso.kernel.recovery import ResolveUncertain
+from tests.processes import alive
 
 DRIVER = Path(__file__).with_name("driver.py")
 EDIT = {"edits": [{"oldText": "OLD", "newText": "NEW"}]}
@@ -32,21 +33,6 @@ SCRIPT = {
         {"text": "All done."},
     ]
 }
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 @pytest.mark.parametrize("target", ["group", "process"])

@@ -17,6 +17,7 @@ from pathlib import Path
 from kiso.kernel import ExecutionResolved, JsonlSessionStore, RunEnded, plan
 from kiso.kernel.recovery import ResolveUncertain
 from tests.cli.test_repl import ENTER, Term, chat
+from tests.processes import alive
 
 EDIT = {"edits": [{"oldText": "OLD", "newText": "NEW"}]}
 SLEEP_S = 3
@@ -29,21 +30,6 @@ SCRIPT = {
         {"text": "All done."},
     ]
 }
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 def shell_pid(ws: Path) -> int | None:

@@ -24,6 +24,7 @@ from kiso.kernel import JsonlSessionStore, RefusedError
 from kiso.providers import FauxAdapter
 from kiso.runtime import Agent
 from kiso.tools.base import define_tool
+from tests.processes import alive
 
 DRIVER = textwrap.dedent(
     """
@@ -57,14 +58,6 @@ DRIVER = textwrap.dedent(
             pass
     """
 )
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def test_a_ruling_waits_while_processes_of_the_execution_still_run(tmp_path: Path) -> None:

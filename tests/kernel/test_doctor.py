@@ -44,6 +44,7 @@ from kiso.kernel.events import ApprovalDecided, input_sha256
 from kiso.kernel.lock import SessionLock
 from kiso.kernel.messages import ToolResultMessage
 from kiso.kernel.recovery import EndRun, Execute, Idle, ResolveUncertain
+from tests.e2e.test_crash import driver
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "e2e" / "driver.py"
@@ -65,23 +66,6 @@ SCRIPT = {
         {"text": "Nothing more to do."},  # the next run's one turn
     ]
 }
-
-
-def driver(
-    home: Path, ws: Path, script: Path, *args: str, failpoint: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KISO_FAUX_SCRIPT": str(script)}
-    env.pop("KISO_FAILPOINT", None)
-    if failpoint:
-        env["KISO_FAILPOINT"] = failpoint
-    return subprocess.run(
-        [sys.executable, str(DRIVER), str(home), str(ws), "s", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def doctor(home: Path, session_id: str = "s") -> subprocess.CompletedProcess[str]:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from kiso.kernel.errors import UsageError
 from kiso.runtime.liveness import LivenessGuard, guard_path, may_be_running, wait_until_gone
+from tests.processes import alive
 
 linux = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 EXECUTION = "s-1:7"
@@ -50,14 +51,6 @@ def start_kiso(live: Path, ws: Path, how: str, *args: str) -> subprocess.Popen[s
         text=True,
         start_new_session=True,
     )
-
-
-def alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
-        return False
-    return text[text.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 # --- in one process -----------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.processes import alive
+
 from .kmlkit import kml
 
 COMMAND = (
@@ -71,7 +73,7 @@ def test_sigkill_mid_tool_then_the_same_kml_again(tmp_path: Path) -> None:
     # The shell's supervisor ends the command's group when the executer dies: nothing is
     # killed by hand, and nothing of the command outlives the crash.
     deadline = time.monotonic() + 10
-    while _alive(shell_pid):
+    while alive(shell_pid):
         if time.monotonic() > deadline:
             pytest.fail(f"the command (pid {shell_pid}) outlived the killed executer")
         time.sleep(0.05)
@@ -179,12 +181,3 @@ def test_sigkill_mid_custom_tool(tmp_path: Path, mode: str) -> None:
         # and now it is finished: a third send replays it
         code, again, _ = _finish(agent_run())
         assert again == results and (base / "runs.txt").read_text().count("run") == 2
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` (a process this test's executer started) is alive and not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
