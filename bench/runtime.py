@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.timing import write_and_fsync
 from kiso.kernel import JsonlSessionStore, MemorySessionStore
 from kiso.providers import FauxAdapter
 from kiso.runtime import Agent
@@ -133,19 +134,6 @@ def _batches(log: Path, kind: str) -> list[bytes]:
     return batches
 
 
-def run_floor(batches: list[bytes], root: Path) -> float:
-    path = root / "floor.jsonl"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    began = time.perf_counter()
-    try:
-        for batch in batches:
-            os.write(fd, batch)
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    return time.perf_counter() - began
-
-
 def run_floor_nonblocking(batches: list[bytes], root: Path) -> float:
     """The same batches, each written and fsynced by a worker thread the event loop awaits."""
     from concurrent.futures import ThreadPoolExecutor
@@ -224,7 +212,7 @@ def _one(rounds: int, kind: str, with_langgraph: bool) -> dict[str, Any]:
         assert log is not None
         size = log.stat().st_size
         batches = _batches(log, kind)
-        t_floor = run_floor(batches, root)
+        t_floor = write_and_fsync(batches, root / "floor.jsonl")
         t_floor_nb = run_floor_nonblocking(batches, root)
         t_mem, _, _ = run_kiso(rounds, root / "mem", kind=kind, durable=False)
         t_mem_sync, _, _ = run_kiso(rounds, root / "ms", kind=kind, durable=False, sync_tool=True)
