@@ -29,11 +29,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import queue
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -108,17 +108,66 @@ class SessionStore(Protocol):
 
 _OUTSIDE_DATA = frozenset({Assistant, User, SettingChanged})
 _POOL_SIZE = 32
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
 
 
-def _io_pool() -> ThreadPoolExecutor:
-    """The threads that write batches for every writer of this process (created on first use)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(_POOL_SIZE, thread_name_prefix="kiso-log")
-        return _pool
+class _Writers:
+    """The threads that write batches for every writer of this process.
+
+    One more thread starts whenever a batch arrives and none is idle, up to :data:`_POOL_SIZE`,
+    so the fsyncs of different sessions overlap; handing a batch over is one queue put (no
+    future, no callback: the writer wakes its own waiters). The threads are daemons, and an exit
+    handler lets them finish what is queued before the interpreter goes.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._size = size
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1  # an idle thread will take it
+            elif len(self._threads) < self._size:
+                thread = threading.Thread(
+                    target=self._work, name=f"kiso-log-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            with contextlib.suppress(Exception):  # the writer records its own failures
+                job()
+            with self._lock:
+                self._idle += 1
+
+    def drain(self) -> None:
+        with self._lock:
+            threads = list(self._threads)
+        for _ in threads:
+            self._jobs.put(None)
+        for thread in threads:
+            thread.join(30)
+
+
+_writers: _Writers | None = None
+_writers_lock = threading.Lock()
+
+
+def _io_pool() -> _Writers:
+    """The process's batch writers (created on first use)."""
+    global _writers
+    with _writers_lock:
+        if _writers is None:
+            _writers = _Writers(_POOL_SIZE)
+        return _writers
 
 
 def _wake(future: asyncio.Future[None], error: BaseException | None) -> None:
@@ -316,13 +365,25 @@ class SessionWriter(ABC):
         await future
 
     def _flush_in_background(self) -> None:
-        while True:
-            with contextlib.suppress(AppendError):  # recorded in _failed; waiters were told
-                self._drain()
+        try:
+            while True:
+                with contextlib.suppress(AppendError):  # recorded in _failed; waiters were told
+                    self._drain()
+                with self._state:
+                    if self._failed is not None or self._durable >= self._wanted:
+                        self._flushing = False
+                        return
+        except BaseException as exc:  # a bug, not an I/O error: never leave a waiter hanging
             with self._state:
-                if self._failed is not None or self._durable >= self._wanted:
-                    self._flushing = False
-                    return
+                self._flushing = False
+                self._failed = self._failed or AppendError(
+                    f"session {self.id}: the log writer failed ({type(exc).__name__}: {exc}); "
+                    f"the log on disk ends at seq {self._durable}. Open the session again."
+                )
+                waiters, self._waiters = self._waiters, []
+            for _, loop, future in waiters:
+                self._notify(loop, future, self._failed)
+            raise
 
     def _drain(self) -> None:
         """Write everything staged as one batch (one write, one fsync), then wake the waiters."""
@@ -411,6 +472,6 @@ class SessionWriter(ABC):
 @atexit.register
 def _drain_pool() -> None:  # pragma: no cover - process exit
     """Let queued batches reach the disk before the interpreter goes."""
-    pool = _pool
-    if pool is not None:
-        pool.shutdown(wait=True)
+    writers = _writers
+    if writers is not None:
+        writers.drain()
