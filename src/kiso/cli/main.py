@@ -335,6 +335,22 @@ def doctor(session_id: str) -> None:
     sys.exit(1 if refused else 0)
 
 
+@cli.command()
+@click.argument("path", required=False, type=click.Path(file_okay=False))
+@click.option("--revoke", is_flag=True, help="Forget the trust given to this project.")
+def trust(path: str | None, revoke: bool) -> None:
+    """Trust (or, with --revoke, stop trusting) a project's .kiso/ directory.
+
+    A project's .kiso/ (config.json, and later extensions, skills and mcp.json) is code that came
+    with the repository. kiso applies nothing in it until you trust it: this lists what is there
+    and records your verdict with the files' digest under $KISO_HOME; a change to any file asks
+    again. PATH defaults to the current directory.
+    """
+    from kiso.cli.trust import trust_command
+
+    sys.exit(trust_command(path, revoke=revoke))
+
+
 @cli.command(context_settings={"ignore_unknown_options": True})
 @click.argument("provider")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)

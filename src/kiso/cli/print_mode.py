@@ -21,12 +21,15 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kiso.kernel import Assistant, Event, KisoError, Outcome, Ruling, RunStarted, parse_ruling
 from kiso.runtime import STREAM_VERSION, Session, stream
+
+if TYPE_CHECKING:
+    from kiso.cli.setup import RunOptions
 
 __all__ = ["run_headless"]
 
@@ -40,13 +43,14 @@ def run_headless(
     output_format: str = "text",
     resolve: str | None = None,
     must_exist: bool = False,
+    options: RunOptions | None = None,
 ) -> int:
     from kiso.cli.setup import open_session, prepare
 
     began = time.monotonic()
     out = _Output(output_format)
     try:
-        setup = prepare(model=model, mode=mode)
+        setup = prepare(model=model, mode=mode, options=options)
         ruling = parse_ruling(resolve) if resolve is not None else None
         with open_session(setup, session_id, headless=True, must_exist=must_exist) as session:
             out.on_closed = lambda: session.abort("output closed")

@@ -66,7 +66,7 @@ from .render import (
 )
 
 if TYPE_CHECKING:
-    from kiso.cli.setup import Setup
+    from kiso.cli.setup import RunOptions, Setup
 
 __all__ = ["Repl", "Screen", "run_interactive"]
 
@@ -105,12 +105,13 @@ def run_interactive(
     mode: str | None,
     prompt: str | None = None,
     must_exist: bool = False,
+    options: RunOptions | None = None,
 ) -> int:
     """Run the interactive session; the process exit code."""
     from kiso.cli.setup import open_session, prepare
 
     try:
-        setup = prepare(model=model, mode=mode)
+        setup = prepare(model=model, mode=mode, options=options)
         session = open_session(setup, session_id, must_exist=must_exist)
     except KisoError as exc:
         print(f"kiso: {exc}", file=sys.stderr)

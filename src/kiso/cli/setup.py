@@ -13,7 +13,17 @@ from kiso.runtime.config import Config, load_config
 from kiso.runtime.models import ResolvedModel, build_adapter, resolve_model
 from kiso.tools import builtin_tools
 
-__all__ = ["Setup", "open_session", "prepare"]
+__all__ = ["RunOptions", "Setup", "open_session", "prepare"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """What the command line says about a run beyond its model and mode."""
+
+    append_system_prompt: str | None = None
+    """``--append-system-prompt TEXT``: added after the built-in system prompt."""
+    system_prompt_file: str | None = None
+    """``--system-prompt-file FILE``: its text replaces the built-in system prompt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,9 +32,18 @@ class Setup:
     config: Config
     resolved: ResolvedModel
     workspace: Path
+    notices: tuple[str, ...] = ()
+    """Lines the interactive banner (and the headless header) must show before the first prompt,
+    e.g. that ``bypass`` comes from a project config."""
 
 
-def prepare(*, model: str | None, mode: str | None, workspace: Path | None = None) -> Setup:
+def prepare(
+    *,
+    model: str | None,
+    mode: str | None,
+    workspace: Path | None = None,
+    options: RunOptions | None = None,
+) -> Setup:
     """Config (flags > env > project > user), the model and its key, and the agent."""
     ws = Path(os.path.realpath(workspace or os.getcwd()))
     home = kiso_home()
