@@ -48,7 +48,10 @@ from kiso.kernel.messages import (
     new_tool_result,
 )
 
-__all__ = ["CallState", "CallStatus", "Replay", "replay"]
+__all__ = ["SYSTEM_PROMPT_KEY", "CallState", "CallStatus", "Replay", "replay"]
+
+SYSTEM_PROMPT_KEY = "system_prompt"
+"""The ``setting_changed`` key that records the system prompt in force (its value: the text)."""
 
 SUMMARY_FRAMING = (
     "[Earlier conversation compacted] The messages before this point were replaced by the "
@@ -193,6 +196,7 @@ class Replay:
         "run_turns",
         "running",
         "runs",
+        "system_prompt",
         "title",
         "turn",
         "turns",
@@ -225,6 +229,8 @@ class Replay:
         self.updated = 0
         self.mode: str | None = None
         """The approval mode the log last recorded (``run_started`` or ``setting_changed``)."""
+        self.system_prompt: str | None = None
+        """The system prompt the log last recorded (``setting_changed`` key ``system_prompt``)."""
         self._anchors: list[int] = []  # the seq each message stands for, parallel to messages
         self._calls: dict[str, CallState] = {}  # call_id -> the latest open call declaring it
         self._by_execution: dict[str, CallState] = {}
@@ -371,6 +377,8 @@ class Replay:
             elif isinstance(ev, SettingChanged):
                 if ev.key == "mode" and isinstance(ev.value, str):
                     self.mode = ev.value
+                elif ev.key == SYSTEM_PROMPT_KEY and isinstance(ev.value, str):
+                    self.system_prompt = ev.value
             elif isinstance(ev, Compacted):
                 covers = self._covers = max(self._covers, ev.covers_to_seq)
                 if self._last_anchor <= covers:

@@ -112,13 +112,20 @@ class Agent:
     # ------------------------------------------------------------------ sessions
 
     def session(
-        self, id: str | None = None, *, mode: str | None = None, headless: bool = False
+        self,
+        id: str | None = None,
+        *,
+        mode: str | None = None,
+        headless: bool = False,
+        system_prompt: str | None = None,
     ) -> Session:
         """Open session ``id`` for writing (creating it if it does not exist), or a new one.
 
         ``mode`` overrides the mode the session's log recorded (a ``--mode`` flag): the change
         is recorded. Without it the session continues in its recorded mode, else the agent's.
         ``headless``: nobody can answer questions, so an ask is denied by ``headless``.
+        ``system_prompt`` likewise replaces the prompt the log recorded (the change is
+        recorded); without it the session keeps its recorded prompt, else the agent's.
         """
         if mode is not None:
             check_mode(mode)
@@ -131,7 +138,7 @@ class Agent:
         if writer is None:
             writer = self.store.create(str(self.workspace), session_id=id)
         try:
-            return Session(self, writer, mode=mode, headless=headless)
+            return Session(self, writer, mode=mode, headless=headless, system_prompt=system_prompt)
         except BaseException:
             writer.close()
             raise

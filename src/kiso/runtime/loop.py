@@ -551,7 +551,7 @@ async def _call_model(run: Run, run_id: str, failure: list[Outcome]) -> AsyncIte
     state = session.fold
     hooks = agent.hooks
     request = ModelRequest(
-        system=agent.system_prompt,
+        system=session.pin_system_prompt(run_id),
         messages=tuple(state.messages),
         tools=agent.tool_specs(),
         turn=state.turns,

@@ -44,7 +44,7 @@ from kiso.kernel import (
 )
 from kiso.kernel.events import Source, UserBlock
 from kiso.kernel.recovery import plan_replay
-from kiso.kernel.replay import CallState, CallStatus, Replay
+from kiso.kernel.replay import SYSTEM_PROMPT_KEY, CallState, CallStatus, Replay
 from kiso.runtime.approvals import check_mode
 from kiso.runtime.failpoint import Failpoint
 from kiso.runtime.loop import Run, drive
@@ -68,6 +68,7 @@ class Session:
         *,
         mode: str | None = None,
         headless: bool = False,
+        system_prompt: str | None = None,
     ) -> None:
         self.agent = agent
         self._writer = writer
@@ -82,6 +83,10 @@ class Session:
         """Where the liveness guards of running executions are kept (none for memory stores)."""
         if mode is not None:
             self.set_mode(mode)
+        if system_prompt is not None and system_prompt != self._fold.system_prompt:
+            self.append(
+                SettingChanged(key=SYSTEM_PROMPT_KEY, value=system_prompt, run=self._fold.open_run)
+            )
 
     # ------------------------------------------------------------------ the log
 
@@ -132,6 +137,24 @@ class Session:
         await self._writer.committed()
 
     # ------------------------------------------------------------------ settings
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The system prompt in force: the one the log recorded, else the agent's (recorded
+        with the first model request that sends it). A resumed session keeps its recorded
+        prompt, so its requests stay byte-identical; open it with ``system_prompt=`` to change
+        it (the change is recorded)."""
+        recorded = self._fold.system_prompt
+        return recorded if recorded is not None else self.agent.system_prompt
+
+    def pin_system_prompt(self, run: str) -> str | None:
+        """The system prompt for the next model request; the agent's is staged as the session's
+        record first if the log has none yet (it becomes durable with the turn it produced)."""
+        if self._fold.system_prompt is None and self.agent.system_prompt is not None:
+            self.stage(
+                SettingChanged(key=SYSTEM_PROMPT_KEY, value=self.agent.system_prompt, run=run)
+            )
+        return self.system_prompt
 
     @property
     def mode(self) -> str:
