@@ -269,6 +269,67 @@ def test_a_silent_stream_is_cut_by_the_watchdog_and_nothing_is_committed(tmp_pat
         assert types(session.events) == ["run_started", "user", "run_ended"]
 
 
+class SteadyAdapter:
+    """A text delta every 0.1 s, five of them: never silent for long."""
+
+    provider, model = "test", "steady"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        import asyncio
+
+        from kiso.kernel import TextBlock, Usage
+
+        for _ in range(5):
+            await asyncio.sleep(0.1)
+            yield TextDelta("x")
+        yield TurnDone((TextBlock("xxxxx"),), "end_turn", Usage(), "steady")
+
+
+def test_the_watchdog_never_counts_the_consumers_time(tmp_path: Path) -> None:
+    """Items 0.1 s apart, a 0.3 s watchdog, a consumer that takes 0.5 s over each item: the
+    waits are short, so the turn completes (the consumer's time is not the model's silence)."""
+    import time as _time
+
+    agent = Agent(
+        adapter=SteadyAdapter(),
+        store=store(tmp_path),
+        workspace=tmp_path,
+        idle_timeout=0.3,
+        max_retries=0,
+    )
+    with agent.session("s") as session:
+        seen = []
+        for event in session.run_sync("hi"):
+            seen.append(event.type)
+            if event.type == "text_delta":
+                _time.sleep(0.5)  # blocks the loop too: the timer fires late, mid-consumer
+        assert seen.count("text_delta") == 5 and "retry" not in seen
+        assert types(session.events) == ["run_started", "user", "assistant", "run_ended"]
+
+
+def test_a_cancellation_from_outside_is_not_mistaken_for_a_silent_model(tmp_path: Path) -> None:
+    import asyncio
+
+    agent = Agent(adapter=HangingAdapter(), store=store(tmp_path), workspace=tmp_path)
+
+    async def go() -> list[str]:
+        seen: list[str] = []
+        with agent.session("s") as session:
+
+            async def consume() -> None:
+                async for event in session.run("hi"):
+                    seen.append(event.type)
+
+            task = asyncio.ensure_future(consume())
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        return seen
+
+    assert asyncio.run(go()) == ["text_delta"]  # no retry, no timeout: cancelled
+
+
 class BrokenAdapter:
     provider, model = "test", "broken"
 

@@ -30,7 +30,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kiso.kernel import (
     ApprovalDecided,
@@ -610,17 +610,21 @@ async def _stream(
     began = time.monotonic()
     iterator = agent.adapter.stream(request).__aiter__()
     done: TurnDone | None = None
+    watchdog = _Watchdog(agent.idle_timeout)
     try:
         while True:
             if run.abort.is_set():
                 raise _Aborted
             try:
                 # The watchdog covers the wait for the next item only, never the consumer's time.
-                async with asyncio.timeout(agent.idle_timeout):
-                    item = await iterator.__anext__()
+                watchdog.waiting()
+                item = await iterator.__anext__()
+                watchdog.got()
             except StopAsyncIteration:
                 break
-            except TimeoutError:
+            except asyncio.CancelledError:
+                if not watchdog.fired():
+                    raise
                 raise ProviderError(
                     f"the model sent nothing for {agent.idle_timeout:g} s",
                     code="timeout",
@@ -639,6 +643,7 @@ async def _stream(
             elif isinstance(item, ThinkingDelta):
                 yield ev.ThinkingDelta(item.text)
     finally:
+        watchdog.stop()
         aclose = getattr(iterator, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -650,6 +655,58 @@ async def _stream(
         )
     run.model_ms = (time.monotonic() - began) * 1000
     yield done
+
+
+class _Watchdog:
+    """Cancels the task waiting for the model's next item once it has waited ``timeout``
+    seconds, like ``asyncio.timeout`` around each wait, but with one timer per stream instead
+    of one per item: a wait only notes when it began, and the timer, when it fires early,
+    sleeps again until the current wait would expire."""
+
+    __slots__ = ("_cancelled", "_handle", "_loop", "_since", "_task", "_timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
+        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[Any] | None = None
+        self._since: float | None = None
+        self._cancelled = False
+        self._handle: asyncio.TimerHandle | None = None
+
+    def waiting(self) -> None:
+        # The task that waits: not always the same one (a sync driver runs each step as its
+        # own task).
+        self._task = asyncio.current_task()
+        self._since = now = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_at(now + self._timeout, self._check)
+
+    def got(self) -> None:
+        self._since = None
+
+    def _check(self) -> None:
+        since = self._since
+        if since is None:  # the consumer has the item: look again a timeout from now
+            self._handle = self._loop.call_at(self._loop.time() + self._timeout, self._check)
+        elif self._loop.time() - since >= self._timeout and self._task is not None:
+            self._handle = None
+            self._cancelled = True
+            self._task.cancel()
+        else:
+            self._handle = self._loop.call_at(since + self._timeout, self._check)
+
+    def fired(self) -> bool:
+        """Whether the cancellation being handled is the watchdog's own (then it is taken back
+        and the wait counts as a timeout); False for a cancellation from outside."""
+        if not self._cancelled or self._task is None:
+            return False
+        self._cancelled = False
+        return self._task.uncancel() == 0
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 def _unique_call_ids(blocks: tuple[AssistantBlock, ...]) -> tuple[AssistantBlock, ...]:
