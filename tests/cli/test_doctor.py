@@ -71,7 +71,8 @@ def test_a_repaired_session_resumes_without_repeating_an_effect(tmp_path: Path) 
     assert out.stderr == ""
     report = out.stdout
     assert report.startswith(f"session d1: repaired {path}\n")
-    assert "dropped line 4" in report and "added seq 3 assistant" in report
+    # line 1 the header, then run_started, user, the system prompt record, the turn
+    assert "dropped line 5" in report and "added seq 4 assistant" in report
     assert "kept as finished, never run again: d1:" in report
     assert "next: `kiso resume d1`" in report
     (copy,) = path.parent.glob("d1.jsonl.damaged-*")

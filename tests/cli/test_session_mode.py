@@ -54,7 +54,9 @@ def test_a_flag_or_kiso_mode_overrides_the_record_and_the_change_is_recorded(
     assert out.returncode == 0, out.stderr
     assert "mode plan" in out.stderr
     assert not (tmp_path / "x.txt").exists()  # plan denied the write
-    changes = [e for e in events(tmp_path, "m2") if isinstance(e, SettingChanged)]
+    changes = [
+        e for e in events(tmp_path, "m2") if isinstance(e, SettingChanged) and e.key == "mode"
+    ]
     assert [(c.key, c.value) for c in changes] == [("mode", "plan")]
     # KISO_MODE outranks the session's record too; a flag outranks KISO_MODE
     env = kiso(tmp_path, "-p", "three", "m2", KISO_HOME=home, KISO_FAUX_SCRIPT=s,
@@ -62,7 +64,9 @@ def test_a_flag_or_kiso_mode_overrides_the_record_and_the_change_is_recorded(
     assert env.returncode == 0, env.stderr
     assert "mode accept-edits" in env.stderr
     assert (tmp_path / "x.txt").read_text() == "x"
-    changes = [e for e in events(tmp_path, "m2") if isinstance(e, SettingChanged)]
+    changes = [
+        e for e in events(tmp_path, "m2") if isinstance(e, SettingChanged) and e.key == "mode"
+    ]
     assert [c.value for c in changes] == ["plan", "accept-edits"]
     again = kiso(tmp_path, "-p", "four", "m2", KISO_HOME=home, KISO_FAUX_SCRIPT=s)
     assert "mode accept-edits" in again.stderr  # the session now records accept-edits

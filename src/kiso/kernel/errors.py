@@ -9,6 +9,7 @@
      |    +-- RulesError             the rules file is malformed       (kiso.runtime.rules)
      |    +-- AuthError              a credential problem              (kiso.runtime.auth)
      |    +-- ScriptError            a faux script is malformed        (kiso.providers.faux)
+     |    +-- TrustError             the trust store is unreadable     (kiso.runtime.trust)
      +-- StoreError                  the session store refused or could not do something
      |    +-- CorruptLogError        a log line is malformed, invalid or out of sequence
      |    +-- SessionLockedError     another process holds the session's writer lock
@@ -20,6 +21,7 @@
      |    +-- ProviderError          a model request failed            (kiso.providers.base)
      +-- RefusedError                refused by policy: the floor, a mode, a rule, the sandbox
      |    +-- PathOutsideWorkspace   a path leaves the workspace       (kiso.tools.paths)
+     |    +-- UntrustedProjectError  a project's .kiso/ was not trusted (kiso.runtime.trust)
      +-- ControlSignal               control flow, not failure: the run must stop here
           +-- Aborted                the run was asked to stop (esc, Session.abort)
 

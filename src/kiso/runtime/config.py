@@ -17,6 +17,10 @@ user config > defaults. Project profiles override user profiles of the same name
 the user's alone: ``floor`` (``"off"`` turns the catastrophe floor off) and ``theme``; in a
 project config either is an error. A broken file fails loudly, naming the file and the key.
 Credentials never live here: a profile only *names* the environment variable holding its key.
+
+The project layer is cloned code: callers that start runs pass it through the trust gate
+(:mod:`kiso.runtime.trust`) and call :func:`load_config` with ``project=False`` when it is not
+trusted, or with ``project_files`` (the bytes the gate hashed) when it is.
 """
 
 from __future__ import annotations
@@ -95,15 +99,23 @@ class Config:
     theme: str | None = None
     files: tuple[str, ...] = ()
     """The config files that were read, lowest precedence first."""
+    mode_source: str = "default"
+    """Where ``mode`` came from: "flag", "environment", a config file's path or "default"."""
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def _read(path: Path, raw: bytes | None = None) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (or in ``raw``, its bytes as already read); None if absent."""
+    if raw is None:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -161,8 +173,8 @@ def _profile(path: Path, name: str, raw: Any) -> Profile:
     return Profile(name, kind, model, env, base, caching, window, effort, str(path))
 
 
-def _layer(path: Path, *, project: bool) -> dict[str, Any]:
-    data = _read(path)
+def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, Any]:
+    data = _read(path, raw)
     if data is None:
         return {}
     for key in data:
@@ -208,31 +220,48 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     model: str | None = None,
     mode: str | None = None,
+    project: bool = True,
+    project_files: Mapping[str, bytes] | None = None,
 ) -> Config:
-    """The effective config: ``model``/``mode`` are the flags, ``environ`` the environment."""
+    """The effective config: ``model``/``mode`` are the flags, ``environ`` the environment.
+
+    ``project=False``: the user layer only (the project's ``.kiso/`` is not trusted).
+    ``project_files``: the project's ``.kiso/`` as the trust gate read it (relative path to
+    bytes); the project layer is parsed from those bytes, never re-read from disk, so what
+    applies is exactly what was trusted. Without either, the project file is read from disk.
+    """
     env = os.environ if environ is None else environ
-    layers: list[tuple[Path, dict[str, Any]]] = []
+    layers: list[tuple[Path, dict[str, Any], bool]] = []
     user = home / "config.json"
-    layers.append((user, _layer(user, project=False)))
-    if workspace is not None:
-        project = workspace / ".kiso" / "config.json"
-        if project.resolve() != user.resolve():
-            layers.append((project, _layer(project, project=True)))
+    layers.append((user, _layer(user, project=False), user.exists()))
+    if workspace is not None and project:
+        path = workspace / ".kiso" / "config.json"
+        if project_files is not None:
+            raw = project_files.get("config.json")
+            if raw is not None:
+                layers.append((path, _layer(path, project=True, raw=raw), True))
+        elif path.resolve() != user.resolve():
+            layers.append((path, _layer(path, project=True), path.exists()))
     merged: dict[str, Any] = {"models": {}}
     files: list[str] = []
-    for path, layer in layers:
-        if layer or path.exists():
+    mode_source = "default"
+    for path, layer, present in layers:
+        if layer or present:
             files.append(str(path))
+        if "mode" in layer:
+            mode_source = str(path)
         merged["models"].update(layer.pop("models", {}))
         merged.update(layer)
     if env.get("KISO_MODEL"):
         merged["model"] = env["KISO_MODEL"]
     if env.get("KISO_MODE"):
         merged["mode"] = env["KISO_MODE"]
+        mode_source = "environment"
     if model:
         merged["model"] = model
     if mode:
         merged["mode"] = mode
+        mode_source = "flag"
     if merged.get("mode", "default") not in MODES:
         raise ConfigError(f"mode {merged['mode']!r} is not one of {', '.join(MODES)}")
     override = mode or env.get("KISO_MODE") or None
@@ -244,4 +273,5 @@ def load_config(
         floor=merged.get("floor", True),
         theme=merged.get("theme"),
         files=tuple(files),
+        mode_source=mode_source,
     )
