@@ -123,14 +123,16 @@ def test_nothing_to_resume_is_not_an_error_in_the_json_result(tmp_path: Path) ->
     assert result["is_error"] is False and result["v"] == 1
 
 
-def test_a_reader_that_goes_away_ends_the_run_aborted_not_open(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", ["text", "json", "stream-json"])
+def test_a_reader_that_goes_away_ends_the_run_aborted_not_open(tmp_path: Path, fmt: str) -> None:
+    """text and json write stdout only at the end: the reader's going is noticed before that."""
     s = script(tmp_path, {"text": "a long answer " * 50}, {"text": "more"})
     home = tmp_path / "home"
     env = {"KISO_HOME": str(home), "KISO_FAUX_SCRIPT": s}
     import os
 
     proc = subprocess.Popen(
-        [str(BIN), "-p", "hi", "bp"],
+        [str(BIN), "-p", "hi", "bp", "--output-format", fmt],
         cwd=tmp_path,
         env={**os.environ, **env},
         stdout=subprocess.PIPE,

@@ -12,16 +12,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
 from kiso import __version__
 
+if TYPE_CHECKING:
+    from kiso.cli.setup import RunOptions
+
 
 class _KisoGroup(click.Group):
     """``kiso <sessionId>`` means ``kiso chat <sessionId>``: a first word that is not a command
-    is a session id."""
+    is a session id (or, when it is several words, the first prompt)."""
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
@@ -34,6 +37,15 @@ class _KisoGroup(click.Group):
 F = TypeVar("F", bound=Callable[..., object])
 OUTPUT_FORMATS = click.Choice(["text", "json", "stream-json"])
 RESOLUTIONS = click.Choice(["rerun", "skip", "applied"])
+PROMPT_FILE = click.Path(exists=True, dir_okay=False, readable=True, resolve_path=True)
+STDIN_WAIT = 3.0
+"""Seconds ``kiso -p PROMPT`` waits for the first byte of a piped stdin before it runs without
+it (``kiso -p -`` waits as long as it takes)."""
+
+PRINT_HELP = "Run one prompt with no UI. A bare -p, or -p -, reads the prompt from stdin."
+APPEND_HELP = "Text added after the built-in system prompt."
+SYSTEM_FILE_HELP = "A file whose text replaces the built-in system prompt."
+CONTINUE_HELP = "Continue the most recent session of this directory."
 
 
 @click.group(
@@ -42,7 +54,10 @@ RESOLUTIONS = click.Choice(["rerun", "skip", "applied"])
     invoke_without_command=True,
 )
 @click.version_option(__version__, "-v", "--version", prog_name="kiso")
-@click.option("-p", "--print", "prompt", metavar="PROMPT", help="Run one prompt with no UI.")
+@click.option(
+    "-p", "--print", "prompt", metavar="PROMPT", is_flag=False, flag_value="-", help=PRINT_HELP
+)
+@click.option("-c", "--continue", "resume_latest", is_flag=True, help=CONTINUE_HELP)
 @click.option("--model", default=None, help="A profile name, or provider/model.")
 @click.option("--mode", default=None, help="default, accept-edits, plan, dontAsk or bypass.")
 @click.option(
@@ -58,35 +73,48 @@ RESOLUTIONS = click.Choice(["rerun", "skip", "applied"])
     default=None,
     help="Headless runs: how to rule on uncertain executions (otherwise they stop the run).",
 )
+@click.option("--append-system-prompt", metavar="TEXT", default=None, help=APPEND_HELP)
+@click.option("--system-prompt-file", type=PROMPT_FILE, default=None, help=SYSTEM_FILE_HELP)
 @click.pass_context
 def cli(
     ctx: click.Context,
     *,
     prompt: str | None,
+    resume_latest: bool,
     model: str | None,
     mode: str | None,
     output_format: str,
     resolve: str | None,
+    append_system_prompt: str | None,
+    system_prompt_file: str | None,
 ) -> None:
     """kiso: a durable coding agent. Every approval, tool result and event is on disk before it
     is acted on, so a session that is interrupted, crashes or is killed resumes where it was.
 
     \b
     kiso [sessionId]               interactive session (`kiso chat` is the same)
+    kiso "fix the failing tests"   interactive session, starting with that prompt
+    kiso -c                        continue the latest session of this directory
     kiso -p "prompt" [sessionId]   one prompt, no UI; exit 0 only if the run completed
+    cat f | kiso -p "explain"      piped stdin is added to the prompt (-p - reads it all)
     kiso resume                    pick a session to continue
     kiso resume <id> [prompt]      continue a session (headless when stdin is not a terminal)
     kiso sessions [--all]          durable sessions and the state each resumes into
     kiso doctor <id>               repair a damaged log; nothing with a receipt runs again
 
+    Exit codes: 0 done, 1 the run failed or did not complete, 2 a usage error.
     Sessions live in $KISO_HOME/projects (KISO_HOME defaults to ~/.kiso).
     """
+    _check_usage(None, mode)  # `kiso --mode yolo <any command>` is a usage error
     ctx.obj = {
         "prompt": prompt,
+        "continue": resume_latest,
         "model": model,
         "mode": mode,
         "output_format": output_format,
         "resolve": resolve,
+        "append_system_prompt": append_system_prompt,
+        "system_prompt_file": system_prompt_file,
     }
     if ctx.invoked_subcommand is None:
         ctx.invoke(chat, session_id=None)
@@ -102,19 +130,103 @@ def _run_options(f: F) -> F:
             click.option("--mode", "mode_here", default=None, help="The approval mode."),
             click.option("--output-format", "format_here", type=OUTPUT_FORMATS, default=None),
             click.option("--resolve", "resolve_here", type=RESOLUTIONS, default=None),
+            click.option(
+                "--append-system-prompt",
+                "append_here",
+                metavar="TEXT",
+                default=None,
+                help=APPEND_HELP,
+            ),
+            click.option(
+                "--system-prompt-file",
+                "system_file_here",
+                type=PROMPT_FILE,
+                default=None,
+                help=SYSTEM_FILE_HELP,
+            ),
         )
     ):
         f = option(f)
     return f
 
 
-def _opts(ctx: click.Context) -> dict[str, object]:
-    return dict(ctx.obj or {})
+class _Run:
+    """What the command line says about a run: a subcommand's flag wins over the group's."""
+
+    def __init__(self, ctx: click.Context, here: dict[str, str | None]) -> None:
+        opts = dict(ctx.obj or {})
+        self.model = here.get("model") or _str(opts.get("model"))
+        self.mode = here.get("mode") or _str(opts.get("mode"))
+        self.output_format = here.get("format") or str(opts.get("output_format") or "text")
+        self.resolve = here.get("resolve") or _str(opts.get("resolve"))
+        self.prompt = _str(opts.get("prompt")) if here.get("prompt") is None else here["prompt"]
+        self.resume_latest = bool(opts.get("continue"))
+        append = here.get("append")
+        if append is None:
+            append = _str(opts.get("append_system_prompt"))
+        system_file = here.get("system_file") or _str(opts.get("system_prompt_file"))
+        self.options = _options(append, system_file)
+
+    def headless(
+        self, prompt: str | None, session_id: str | None, *, must_exist: bool = False
+    ) -> int:
+        from kiso.cli.print_mode import run_headless
+
+        return run_headless(
+            prompt,
+            session_id=session_id,
+            model=self.model,
+            mode=self.mode,
+            output_format=self.output_format,
+            resolve=self.resolve,
+            must_exist=must_exist,
+            options=self.options,
+        )
+
+    def interactive(
+        self, session_id: str | None, prompt: str | None, *, must_exist: bool = False
+    ) -> int:
+        from kiso.cli.repl import run_interactive
+
+        return run_interactive(
+            session_id=session_id,
+            model=self.model,
+            mode=self.mode,
+            prompt=prompt,
+            must_exist=must_exist,
+            options=self.options,
+        )
+
+    def fail(self, message: str, *, headless: bool) -> int:
+        """Exit 1 with one line (a JSON result too, when print mode was asked for JSON)."""
+        if headless:
+            from kiso.cli.print_mode import fail
+
+            return fail(self.output_format, message)
+        click.echo(f"kiso: {message}", err=True)
+        return 1
+
+
+def _options(append: str | None, system_file: str | None) -> RunOptions | None:
+    if append is None and system_file is None:
+        return None
+    from kiso.cli.setup import RunOptions
+
+    return RunOptions(append_system_prompt=append, system_prompt_file=system_file)
 
 
 @cli.command()
 @click.argument("session_id", required=False)
-@click.option("-p", "--print", "prompt_here", metavar="PROMPT", help="Run one prompt with no UI.")
+@click.option(
+    "-p",
+    "--print",
+    "prompt_here",
+    metavar="PROMPT",
+    is_flag=False,
+    flag_value="-",
+    help=PRINT_HELP,
+)
+@click.option("-c", "--continue", "continue_here", is_flag=True, help=CONTINUE_HELP)
 @_run_options
 @click.pass_context
 def chat(
@@ -122,38 +234,62 @@ def chat(
     *,
     session_id: str | None,
     prompt_here: str | None = None,
+    continue_here: bool = False,
     model_here: str | None = None,
     mode_here: str | None = None,
     format_here: str | None = None,
     resolve_here: str | None = None,
+    append_here: str | None = None,
+    system_file_here: str | None = None,
 ) -> None:
-    """The interactive session (or print mode with -p)."""
-    opts = _opts(ctx)
-    prompt = prompt_here if prompt_here is not None else _str(opts.get("prompt"))
-    model = model_here or _str(opts.get("model"))
-    mode = mode_here or _str(opts.get("mode"))
-    _check_usage(session_id, mode)
-    if prompt is not None:
-        from kiso.cli.print_mode import run_headless
-
-        sys.exit(
-            run_headless(
-                prompt,
-                session_id=session_id,
-                model=model,
-                mode=mode,
-                output_format=format_here or str(opts.get("output_format") or "text"),
-                resolve=resolve_here or _str(opts.get("resolve")),
-            )
+    """The interactive session (or print mode with -p). SESSION_ID may be the first prompt
+    instead, when it is several words."""
+    run = _Run(
+        ctx,
+        {
+            "prompt": prompt_here,
+            "model": model_here,
+            "mode": mode_here,
+            "format": format_here,
+            "resolve": resolve_here,
+            "append": append_here,
+            "system_file": system_file_here,
+        },
+    )
+    latest = continue_here or run.resume_latest
+    first_prompt = None
+    if run.prompt is None and session_id is not None and _is_words(session_id):
+        first_prompt, session_id = session_id, None  # `kiso "fix the failing tests"`
+    if latest and session_id is not None:
+        raise click.UsageError(
+            f"--continue picks the latest session itself; give {session_id!r} or -c, not both"
         )
-    if not sys.stdin.isatty():
+    _check_usage(session_id, run.mode)
+    headless = run.prompt is not None
+    prompt = None
+    if headless:
+        prompt = _prompt_text(str(run.prompt))
+    elif not sys.stdin.isatty():
         raise click.UsageError(
             'the interactive session needs a terminal; use `kiso -p "prompt"` for one '
             "prompt without a terminal"
         )
-    from kiso.cli.repl import run_interactive
-
-    sys.exit(run_interactive(session_id=session_id, model=model, mode=mode, prompt=None))
+    problem = _home_problem()
+    if problem is not None:
+        sys.exit(run.fail(problem, headless=headless))
+    if latest:
+        session_id = _latest_session()
+        if session_id is None:
+            sys.exit(
+                run.fail(
+                    f"no session to continue in {os.getcwd()}: `kiso` starts one "
+                    "(`kiso sessions --all` lists those of other directories)",
+                    headless=headless,
+                )
+            )
+    if headless:
+        sys.exit(run.headless(prompt, session_id, must_exist=latest))
+    sys.exit(run.interactive(session_id, first_prompt, must_exist=latest))
 
 
 @cli.command()
@@ -170,20 +306,31 @@ def resume(
     mode_here: str | None,
     format_here: str | None,
     resolve_here: str | None,
+    append_here: str | None,
+    system_file_here: str | None,
 ) -> None:
     """Continue a session: with no id, pick one; headless when stdin is not a terminal."""
-    opts = _opts(ctx)
-    model = model_here or _str(opts.get("model"))
-    mode = mode_here or _str(opts.get("mode"))
-    output_format = format_here or str(opts.get("output_format") or "text")
-    resolution = resolve_here or _str(opts.get("resolve"))
-    _check_usage(session_id, mode)
+    run = _Run(
+        ctx,
+        {
+            "model": model_here,
+            "mode": mode_here,
+            "format": format_here,
+            "resolve": resolve_here,
+            "append": append_here,
+            "system_file": system_file_here,
+        },
+    )
+    _check_usage(session_id, run.mode)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    if session_id is None and not interactive:
+        raise click.UsageError(
+            "kiso resume needs a session id when not on a terminal; `kiso sessions` lists them"
+        )
+    problem = _home_problem()
+    if problem is not None:
+        sys.exit(run.fail(problem, headless=not interactive))
     if session_id is None:
-        if not interactive:
-            raise click.UsageError(
-                "kiso resume needs a session id when not on a terminal; `kiso sessions` lists them"
-            )
         from kiso.cli.picker import pick_session
         from kiso.kernel import JsonlSessionStore
 
@@ -191,30 +338,17 @@ def resume(
         if session_id is None:
             return
     if interactive:
-        from kiso.cli.repl import run_interactive
-
-        sys.exit(
-            run_interactive(
-                session_id=session_id, model=model, mode=mode, prompt=prompt, must_exist=True
-            )
-        )
-    from kiso.cli.print_mode import run_headless
-
-    sys.exit(
-        run_headless(
-            prompt,
-            session_id=session_id,
-            model=model,
-            mode=mode,
-            output_format=output_format,
-            resolve=resolution,
-            must_exist=True,
-        )
-    )
+        sys.exit(run.interactive(session_id, prompt, must_exist=True))
+    sys.exit(run.headless(prompt, session_id, must_exist=True))
 
 
 def _str(value: object) -> str | None:
     return None if value is None else str(value)
+
+
+def _is_words(arg: str) -> bool:
+    """Several words: a prompt, never a session id (ids have no whitespace)."""
+    return bool(arg.strip()) and any(c.isspace() for c in arg.strip())
 
 
 def _check_usage(session_id: str | None, mode: str | None) -> None:
@@ -230,6 +364,96 @@ def _check_usage(session_id: str | None, mode: str | None) -> None:
             check_mode(mode)
     except UsageError as exc:
         raise click.UsageError(str(exc)) from None
+
+
+def _prompt_text(value: str) -> str:
+    """The prompt of ``-p``: ``-`` (or a bare ``-p``) reads all of stdin; a prompt given with a
+    piped stdin gets the stdin text after a blank line (``cat f | kiso -p "explain"``)."""
+    stdin = sys.stdin
+    piped = stdin is not None and not stdin.isatty()
+    if value == "-":
+        if not piped:
+            raise click.UsageError(
+                'print mode needs a prompt: `kiso -p "prompt"`, or pipe it: '
+                "`kiso -p - < prompt.txt`"
+            )
+        text = _read_stdin(None)
+        if text is None or not text.strip():
+            raise click.UsageError("the prompt read from stdin is empty")
+        return text
+    if not value.strip():
+        raise click.UsageError('the prompt is empty: `kiso -p "prompt"`')
+    if not piped:
+        return value
+    extra = _read_stdin(STDIN_WAIT)
+    if extra is None:
+        click.echo(
+            f"kiso: nothing arrived on stdin in {STDIN_WAIT:g}s; running the prompt without it "
+            "(`< /dev/null` skips the wait, `kiso -p -` waits for stdin)",
+            err=True,
+        )
+        return value
+    return f"{value}\n\n{extra}" if extra.strip() else value
+
+
+def _read_stdin(wait: float | None) -> str | None:
+    """All of stdin as text (invalid UTF-8 replaced), or None when nothing arrived within
+    ``wait`` seconds (None: wait as long as it takes)."""
+    import select
+
+    stdin = sys.stdin
+    if stdin is None:
+        return None
+    if wait is not None:
+        try:
+            ready, _, _ = select.select([stdin.fileno()], [], [], wait)
+        except (OSError, ValueError):  # not selectable: read it as it is
+            ready = [stdin]
+        if not ready:
+            return None
+    try:
+        data = stdin.buffer.read()
+    except OSError as exc:
+        raise click.UsageError(f"cannot read the prompt from stdin: {exc.strerror}") from None
+    return data.decode("utf-8", errors="replace")
+
+
+def _home_problem() -> str | None:
+    """Why ``$KISO_HOME`` cannot hold sessions, or None. It checks without creating anything: a
+    home that does not exist yet is fine when it could be created."""
+    from kiso.kernel import kiso_home
+
+    home = kiso_home().absolute()
+    target = home / "projects"
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing == target:
+        what = f"the session folder {target}"
+    elif existing == home:
+        what = f"KISO_HOME {home}"
+    else:
+        what = f"KISO_HOME {home} does not exist and cannot be created:"
+        what += f" {existing}"
+    if not existing.is_dir():
+        return f"{what} is not a directory; point KISO_HOME at a writable directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return (
+            f"{what} is read-only, so kiso cannot keep its sessions there; make it writable or "
+            "point KISO_HOME at a writable directory"
+        )
+    return None
+
+
+def _latest_session() -> str | None:
+    """The id of this directory's most recently updated session."""
+    from kiso.kernel import JsonlSessionStore, StoreError
+
+    try:
+        rows = JsonlSessionStore().list(os.getcwd())
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    return max(rows, key=lambda r: (r.updated, r.id)).id if rows else None
 
 
 @cli.command()

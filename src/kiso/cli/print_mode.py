@@ -7,8 +7,9 @@ which modes would allow it), and an uncertain execution stops the run with the l
 command to rule on it, unless ``--resolve rerun|skip|applied`` rules. The session continues in
 the mode its log recorded unless ``--mode``/``KISO_MODE`` says otherwise; the header names it.
 
-``--output-format``: ``text`` (the answer on stdout, notes on stderr), ``json`` (one result
-object), ``stream-json`` (the runtime's JSON form of every run event, one per line — see
+``--output-format``: ``text`` (the final answer alone on stdout, once the run is over; the header,
+what the model said before its tool calls, tool names, denials and notes on stderr), ``json`` (one
+result object), ``stream-json`` (the runtime's JSON form of every run event, one per line — see
 docs/runtime.md — then the result). The result carries the session id, the outcome, the answer,
 the provider's token counts and the cost (null when the model has no dated price).
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +34,7 @@ from kiso.runtime import STREAM_VERSION, Session, stream
 if TYPE_CHECKING:
     from kiso.cli.setup import RunOptions
 
-__all__ = ["run_headless"]
+__all__ = ["fail", "run_headless"]
 
 
 def run_headless(
@@ -55,6 +58,8 @@ def run_headless(
         with open_session(setup, session_id, headless=True, must_exist=must_exist) as session:
             out.on_closed = lambda: session.abort("output closed")
             out.note(f"session {session.id} · {setup.resolved.describe()} · mode {session.mode}")
+            for notice in setup.notices:  # e.g. that the mode comes from a project config
+                out.note(notice)
             first = len(session.events)
             outcome: Outcome | None = None
             blocked = False
@@ -80,6 +85,12 @@ def run_headless(
         out.fail(str(exc))
         return 1
     return code
+
+
+def fail(output_format: str, message: str) -> int:
+    """Report a headless run that could not start, as :func:`run_headless` would; exit code 1."""
+    _Output(output_format).fail(message)
+    return 1
 
 
 def _exit_code(prompt: str | None, outcome: Outcome | None, blocked: bool) -> int:
@@ -121,6 +132,17 @@ class _Output:
         self.kind = kind
         self.closed = False
         self.on_closed: Callable[[], None] = lambda: None
+        self.held: str | None = None
+        """text: the last answer-like turn's text, printed on stderr if a later turn follows."""
+        self.watch = _reader_watch() if kind != "stream-json" else None
+        """text and json write stdout only at the end: a poller notices a reader gone before."""
+
+    def _gone(self) -> None:
+        self.closed = True
+        # Nothing more can reach the reader; keep the interpreter's last flush quiet too.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        self.on_closed()
 
     def _write(self, write: Callable[[], None]) -> None:
         if self.closed:
@@ -128,11 +150,17 @@ class _Output:
         try:
             write()
         except BrokenPipeError:
-            self.closed = True
-            # Nothing more can reach the reader; keep the interpreter's last flush quiet too.
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            self.on_closed()
+            self._gone()
+
+    def _check_reader(self) -> None:
+        if self.closed or self.watch is None:
+            return
+        try:
+            ready = self.watch.poll(0)
+        except OSError:
+            return
+        if any(mask & (select.POLLERR | select.POLLHUP) for _, mask in ready):
+            self._gone()
 
     def _line(self, obj: dict[str, Any]) -> None:
         def write() -> None:
@@ -155,13 +183,22 @@ class _Output:
             self._echo(text, err=True)
 
     def event(self, ev: stream.RunEvent) -> None:
+        if self.closed:  # gone before this run began (at the header): stop it at this step
+            self.on_closed()
+            return
         if self.kind == "stream-json":
             self._line(ev.to_json())
-        elif self.kind == "text":
-            if isinstance(ev, stream.TextDelta):
-                self._echo(ev.text, nl=False)
-            elif isinstance(ev, stream.ModelTurn) and ev.event.text:
-                self._echo("")
+            return
+        self._check_reader()
+        if self.kind == "text":
+            if isinstance(ev, stream.ModelTurn) and ev.event.text:
+                if self.held is not None:  # a turn followed: that text was not the last word
+                    self._echo(self.held, err=True)
+                    self.held = None
+                if ev.calls:  # what the model says before its tool calls is commentary
+                    self._echo(ev.event.text, err=True)
+                else:
+                    self.held = ev.event.text
             elif isinstance(ev, stream.ToolStart):
                 self._echo(f"[{ev.call.name}]", err=True)
             elif isinstance(ev, stream.Terminal) and ev.outcome.kind != "completed":
@@ -177,6 +214,11 @@ class _Output:
     ) -> None:
         summary = _summary(list(events))
         if self.kind == "text":
+            answer = summary["answer"]
+            if self.held is not None and self.held != answer:
+                self._echo(self.held, err=True)
+            if answer:  # the final answer, and only it, is stdout: what the json result says
+                self._echo(answer)
             self._echo(summary["line"], err=True)
             return
         result = {
@@ -199,6 +241,21 @@ class _Output:
             self._echo(f"kiso: {message}", err=True)
         else:
             self._line({"type": "result", "v": STREAM_VERSION, "is_error": True, "error": message})
+
+
+def _reader_watch() -> select.poll | None:
+    """A poller on stdout when it is a pipe or a socket, whose reader can go away."""
+    if not hasattr(select, "poll"):
+        return None
+    try:
+        fd = sys.stdout.fileno()
+        if not (stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode)):
+            return None
+        watch = select.poll()
+        watch.register(fd, 0)  # POLLERR and POLLHUP are reported whatever is asked for
+    except (OSError, ValueError, AttributeError):
+        return None
+    return watch
 
 
 def _why(outcome: Outcome) -> str:
