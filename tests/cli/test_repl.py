@@ -675,8 +675,8 @@ def test_streamed_text_leaves_in_paragraphs_and_code_blocks_stay_whole() -> None
     assert text.flush() == "After."
 
 
-def test_a_finished_call_settles_into_one_line() -> None:
-    from kiso.cli.render import record_text
+def test_a_finished_call_settles_into_its_record() -> None:
+    from kiso.cli.render import ERROR, record_text
     from kiso.kernel import ExecutionFinished
 
     call = ToolCall("c", "shell", {"command": "./suite.sh;\necho done"})
@@ -688,8 +688,10 @@ def test_a_finished_call_settles_into_one_line() -> None:
         )
 
     ok = record_text(call, finished("a\nb\nexit 0", 2600), 100).plain
-    assert ok == "  shell ./suite.sh; echo done · exit 0 · 2 lines · 2.6s"
+    assert ok == "  shell ./suite.sh; echo done\n  └ a\n    b\n    exit 0 · 2 lines · 2.6s"
     bad = record_text(call, finished("boom\nexit 2", 100, is_error=True), 100)
-    assert bad.plain.endswith("· exit 2 · 1 line · 0.1s") and "red" in str(bad.spans)
+    assert bad.plain.endswith("\n    exit 2 · 1 line · 0.1s")
+    assert [s.style for s in bad.spans] == [ERROR]
+    assert bad.plain[bad.spans[0].start : bad.spans[0].end] == "exit 2"
     narrow = record_text(call, finished("exit 0", 0), 40).plain
     assert len(narrow) <= 40 and narrow.endswith("· exit 0 · 0 lines · 0.0s")

@@ -2,9 +2,10 @@
 they are asked.
 
 The approval panel and the uncertain execution are selections, not forms: the highlight starts on
-the first option, arrows move it, a digit acts on its row, enter confirms; "No" lets the person
-type the reason the model is told. :class:`Tui` is the inline application at the bottom: the live
-part of the turn, the panel or the input, and the status row.
+the first option, arrows move it, a digit acts on its row, enter confirms, ``t`` types a free
+answer where one makes sense (for an approval: a denial, with what was typed as the reason the
+model is told). Space never answers anything. :class:`Tui` is the inline application at the
+bottom: the live part of the turn, the panel or the input, and the status row.
 
 The call itself is shown in full (the whole command, the whole diff, the whole content), printed
 into the scrollback above the panel so nothing is ever cut to fit the window. What the approval
@@ -17,18 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from prompt_toolkit.application import Application, in_terminal, run_in_terminal
 from prompt_toolkit.buffer import Buffer
+from prompt_toolkit.document import Document
 from prompt_toolkit.filters import Condition, has_focus
 from prompt_toolkit.formatted_text import StyleAndTextTuples
-from prompt_toolkit.history import InMemoryHistory
+from prompt_toolkit.history import FileHistory
+from prompt_toolkit.input.ansi_escape_sequences import ANSI_SEQUENCES
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent, merge_key_bindings
+from prompt_toolkit.key_binding.bindings.named_commands import get_by_name
 from prompt_toolkit.key_binding.defaults import load_key_bindings
+from prompt_toolkit.keys import Keys
 from prompt_toolkit.layout import (
     ConditionalContainer,
     Dimension,
@@ -46,10 +54,23 @@ from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
 
-from kiso.kernel import ToolCall, Uncertain, User
+from kiso.kernel import ToolCall, Uncertain
+from kiso.kernel.layout import make_private_dirs, projects_dir, workspace_slug
 
 from .picker import WorkspaceCompleter
-from .render import COMMANDS, CURSOR, KEYS, PROMPT, WARNING, diff_view, report, write
+from .render import (
+    COMMANDS,
+    CURSOR,
+    KEYS,
+    PROMPT,
+    WARNING,
+    copy_sequence,
+    diff_view,
+    report,
+    wrap,
+    wrap_fragments,
+    write,
+)
 
 if TYPE_CHECKING:
     from kiso.runtime.offers import Offer
@@ -57,15 +78,26 @@ if TYPE_CHECKING:
     from .repl import Repl
 
 __all__ = [
+    "NARROWER",
     "Option",
     "Panel",
+    "PrivateHistory",
     "Tui",
     "approval_panel",
     "call_view",
+    "history_path",
     "uncertain_panel",
 ]
 
-Action = Literal["yes", "always", "no", "rerun", "skipped", "applied"]
+Action = Literal["yes", "always", "no", "narrower", "rerun", "skipped", "applied", "pick"]
+
+NARROWER = (
+    "The user did not run this call as it is and asks for narrower versions of it instead: "
+    "reply with two or three narrower alternatives (fewer files or paths, a smaller scope, no "
+    "compound command), each with what it would touch, and do not call a tool until the user "
+    "picks one."
+)
+"""The reason the model is given when the person presses "ask for narrower versions"."""
 
 
 @dataclass(slots=True)
@@ -75,11 +107,13 @@ class Option:
     detail: str = ""
     enabled: bool = True
     why_not: str = ""
+    value: str = ""
+    """What the option stands for beyond its action (a model profile, an effort level)."""
 
 
 @dataclass(slots=True)
 class Panel:
-    """A question with options; ``typing`` while the user writes why a call is denied."""
+    """A question with options; ``typing`` while the person types a free answer."""
 
     question: str
     options: list[Option]
@@ -88,8 +122,12 @@ class Panel:
     note: str = ""
     """Shown under the options (why a disabled option cannot be chosen)."""
     reason: str = ""
-    """What the person typed after "No": the model is told."""
-    hint: str = "↑↓ move · ⏎ confirms · digits act on their row · esc stops the run"
+    """What the person typed (``t``, or the option that asks for it): the free answer."""
+    typed: Action | None = None
+    """What a typed answer means (None: this question takes no free answer)."""
+    ask: str = "why? "
+    """The prompt of the line a free answer is typed on."""
+    hint: str = "↑↓ move · ⏎ confirms · digits act on their row · t types · esc stops the run"
     extra: list[str] = field(default_factory=list)
 
     def move(self, delta: int) -> None:
@@ -111,22 +149,33 @@ class Panel:
         self.selected = index
         return option
 
+    def typed_answer(self) -> Option | None:
+        """The answer typed (its text is also in ``reason``), or None if none is taken."""
+        if self.typed is None:
+            return None
+        return Option("typed", self.typed, value=self.reason)
+
     def fragments(self, width: int) -> StyleAndTextTuples:
-        out: StyleAndTextTuples = [("class:question", self.question + "\n")]
+        """The panel in ``width`` columns, every line broken between words."""
+        out: StyleAndTextTuples = []
+        out += wrap_fragments([("class:question", self.question)], width)
+        out.append(("", "\n"))
         for i, option in enumerate(self.options):
             chosen = i == self.selected
-            marker = CURSOR if chosen else "  "
+            marker = f"{CURSOR if chosen else '  '}{i + 1}. "
             style = "class:selected" if chosen else ""
             if not option.enabled:
                 style += " class:disabled"
-            out.append((style, f"{marker}{i + 1}. {option.label}"))
+            row = [(style, marker + option.label)]
             if option.detail:
-                out.append(("class:detail", f"  {option.detail}"))
+                row.append(("class:detail", "  " + option.detail))
+            out += wrap_fragments(row, width, hang=len(marker))
             out.append(("", "\n"))
         if self.note and not self.typing:
-            out.append(("class:warning", self.note + "\n"))
+            out += wrap_fragments([("class:warning", self.note)], width)
+            out.append(("", "\n"))
         if not self.typing:
-            out.append(("class:hint", self.hint))
+            out += wrap_fragments([("class:hint", self.hint)], width)
         elif out and out[-1] == ("", "\n"):
             out.pop()
         return out
@@ -156,9 +205,11 @@ def approval_panel(call: ToolCall, offer: Offer) -> Panel:
         always.why_not = f'"don\'t ask again" is not offered: {why}'
     else:
         always.detail = f"(adds the rule `{offer.rule.text}`)"
+    narrower = Option("No, ask for narrower versions", "narrower", "(the model proposes 2-3)")
     return Panel(
         question,
-        [Option("Yes", "yes"), always, Option("No (tell the model why)", "no")],
+        [Option("Yes", "yes"), always, Option("No (tell the model why)", "no"), narrower],
+        typed="no",
     )
 
 
@@ -205,32 +256,75 @@ def call_view(
 
 
 # --------------------------------------------------------------------------------------------
+# the input's history: one file per workspace
+
+
+def history_path(home: Path, workspace: Path) -> Path:
+    """``$KISO_HOME/projects/<workspace>/history``: next to that workspace's session logs."""
+    return projects_dir(home) / workspace_slug(workspace) / "history"
+
+
+class PrivateHistory(FileHistory):
+    """prompt_toolkit's file history, its file created 0600 in a 0700 folder (a file that
+    already exists keeps the mode its owner gave it)."""
+
+    def store_string(self, string: str) -> None:
+        path = Path(os.fsdecode(self.filename))
+        lines = "".join(f"+{line}\n" for line in string.split("\n"))
+        data = f"\n# {datetime.datetime.now()}\n{lines}".encode("utf-8", errors="replace")
+        try:
+            make_private_dirs(path.parent)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "ab") as f:
+                f.write(data)
+        except OSError:
+            pass  # the history is a convenience: a full disk must not take the session down
+
+    def load_history_strings(self) -> Iterable[str]:
+        try:
+            return list(super().load_history_strings())
+        except OSError:
+            return []
+
+
+# --------------------------------------------------------------------------------------------
 # the terminal: an inline application at the bottom, finished output above it
+
+MODIFIED_ENTER: dict[str, Keys | tuple[Keys, ...]] = {
+    "\x1b[27;5;13~": (Keys.Escape, Keys.ControlM),  # ctrl+enter redirects, as alt+enter does
+    "\x1b[13;5u": (Keys.Escape, Keys.ControlM),
+    "\x1b[27;2;13~": Keys.ControlJ,  # shift+enter is a newline, as ctrl+j is
+    "\x1b[13;2u": Keys.ControlJ,
+}
+"""ctrl+enter and shift+enter, for terminals that tell them from enter (xterm's
+modifyOtherKeys, the CSI u keyboard protocol); prompt_toolkit reads both as a plain enter."""
 
 
 class Tui:
-    def __init__(self, repl: Repl) -> None:
+    def __init__(self, repl: Repl, history: Path | None = None) -> None:
         self.repl = repl
         self.panel: Panel | None = None
         self.answer: asyncio.Future[Option | None] | None = None
-        history = InMemoryHistory()
-        for e in repl.session.events:
-            if isinstance(e, User) and isinstance(e.content, str) and e.source == "user":
-                history.append_string(e.content)
+        ANSI_SEQUENCES.update(MODIFIED_ENTER)
+        if history is None:
+            from kiso.kernel import kiso_home
+
+            history = history_path(kiso_home(), repl.setup.workspace)
         self.input = Buffer(
             multiline=True,
-            history=history,
+            history=PrivateHistory(history),
             completer=WorkspaceCompleter(repl.setup.workspace, COMMANDS),
             complete_while_typing=True,
         )
         self.why = Buffer(multiline=False)
         self.panel_window = Window(
             FormattedTextControl(self._panel, focusable=True, show_cursor=False),
-            wrap_lines=True,
             dont_extend_height=True,
         )
         self.why_window = Window(
-            BufferControl(self.why), height=1, get_line_prefix=lambda n, w: "  why? " + PROMPT
+            BufferControl(self.why),
+            height=1,
+            get_line_prefix=lambda n, w: "  " + (self.panel.ask if self.panel else "") + PROMPT,
         )
         self.input_window = Window(
             BufferControl(self.input),
@@ -239,23 +333,28 @@ class Tui:
             height=Dimension(min=1, max=12),
             get_line_prefix=lambda n, w: PROMPT if n == 0 and w == 0 else "  ",
         )
+        palette = repl.printer.palette
         self.app: Application[int] = Application(
             layout=self._layout(),
             key_bindings=merge_key_bindings([load_key_bindings(), self._bindings()]),
-            style=STYLE,
+            style=Style.from_dict({**STYLE, **palette.toolkit}),
             full_screen=False,
             erase_when_done=True,
             mouse_support=False,
             include_default_pygments_style=False,
             color_depth=None if repl.policy.color else ColorDepth.DEPTH_1_BIT,
         )
+        # A lone esc waits this long for the key it may start (alt+d is esc then d).
         self.app.ttimeoutlen = 0.05
-        self.app.timeoutlen = 0.3
+        self.app.timeoutlen = 0.1
 
     # ------------------------------------------------------------------ Screen
 
     def width(self) -> int:
         return max(self.app.output.get_size().columns, 20)
+
+    def rows(self) -> int:
+        return max(self.app.output.get_size().rows, 8)
 
     async def show(self, item: RenderableType) -> None:
         text = self.repl.printer.render(item, self.width())
@@ -270,6 +369,12 @@ class Tui:
     def exit(self, code: int) -> None:
         if self.app.is_running and not self.app.is_done:
             self.app.exit(result=code)
+
+    def copy(self, text: str) -> bool:
+        """Put ``text`` on the clipboard through the terminal (OSC 52)."""
+        self.app.output.write_raw(copy_sequence(text, tmux="TMUX" in os.environ))
+        self.app.output.flush()
+        return True
 
     async def ask(self, panel: Panel) -> Option | None:
         self.panel = panel
@@ -310,7 +415,7 @@ class Tui:
         finally:
             if self.answer is not None and not self.answer.done():
                 self.answer.cancel()
-            if repl.running:
+            if repl.running and repl.session is not None:
                 repl.session.abort()
                 for _ in range(200):
                     if not repl.running:
@@ -331,7 +436,7 @@ class Tui:
         body = HSplit(
             [
                 ConditionalContainer(
-                    Window(FormattedTextControl(self._live), wrap_lines=True),
+                    Window(FormattedTextControl(self._live), dont_extend_height=True),
                     Condition(lambda: bool(repl.text.pending.strip())),
                 ),
                 ConditionalContainer(
@@ -341,6 +446,10 @@ class Tui:
                 ConditionalContainer(
                     Window(FormattedTextControl(self._working), height=1),
                     Condition(lambda: repl.running),
+                ),
+                ConditionalContainer(
+                    Window(FormattedTextControl(self._queued), dont_extend_height=True),
+                    Condition(lambda: bool(repl.queued())),
                 ),
                 ConditionalContainer(
                     HSplit([self.panel_window, ConditionalContainer(self.why_window, typing)]),
@@ -359,15 +468,25 @@ class Tui:
         return Dimension.exact(min(len(state.completions), 8) if state else 0)
 
     def _live(self) -> StyleAndTextTuples:
-        size = self.app.output.get_size()
-        lines = self.repl.text.pending.strip("\n").split("\n")
-        return [("", "\n".join(lines[-max(size.rows // 2, 3) :]))]
+        """The paragraph still streaming, broken between words: its latest lines only, so the
+        input and the status row below it always keep their place on the screen."""
+        lines = wrap(self.repl.text.pending.strip("\n"), self.width())
+        return [("", "\n".join(lines[-max(self.rows() // 2 - 2, 3) :]))]
 
     def _cards(self) -> StyleAndTextTuples:
-        return [("", "\n".join(self.repl.live_cards(self.width())))]
+        lines = self.repl.live_cards(self.width())
+        return [("", "\n".join(lines[-max(self.rows() // 3, 5) :]))]
 
     def _working(self) -> StyleAndTextTuples:
         return [("class:working", self.repl.working(self.width()))]
+
+    def _queued(self) -> StyleAndTextTuples:
+        width, prompts = self.width(), self.repl.queued()
+        rows = [_shorten(f"  queued {PROMPT}{' '.join(p.split())}", width) for p in prompts[-3:]]
+        if len(prompts) > 3:
+            rows.insert(0, f"  … {len(prompts) - 3} more queued")
+        rows[-1] = _shorten(rows[-1], width - 24) + "  (↑ takes the last back)"
+        return [("class:hint", "\n".join(rows))]
 
     def _status(self) -> StyleAndTextTuples:
         return [("class:status", self.repl.status(self.width()))]
@@ -383,10 +502,21 @@ class Tui:
             self.refresh()
             return
         if option.action == "no" and not panel.typing:
-            panel.typing = True
-            self.app.layout.focus(self.why_window)
+            self._type()
         elif self.answer is not None and not self.answer.done():
             self.answer.set_result(option)
+        self.refresh()
+
+    def _type(self) -> None:
+        """``t`` in a panel: type a free answer (a denial's reason, a model's name)."""
+        panel = self.panel
+        if panel is None:
+            return
+        if panel.typed is None:
+            panel.note = "this question takes no typed answer: pick a row"
+        else:
+            panel.typing = True
+            self.app.layout.focus(self.why_window)
         self.refresh()
 
     def _escape(self) -> None:
@@ -403,15 +533,25 @@ class Tui:
         else:
             self.repl.abort()
 
-    def _send(self) -> None:
+    def _send(self, *, redirect: bool = False) -> None:
         b = self.input
         state = b.complete_state
-        if state is not None and state.current_completion is not None:
+        if state is not None and state.current_completion is not None and not redirect:
             b.apply_completion(state.current_completion)
             return
         text = b.text
         b.reset(append_to_history=bool(text.strip()))
-        self.repl.submit(text)
+        self.repl.submit(text, redirect=redirect)
+
+    def _pop_queued(self) -> None:
+        text = self.repl.pop_queued()
+        if text is not None:
+            self.input.document = Document(text, len(text))
+        self.refresh()
+
+    def _copy(self) -> None:
+        task = asyncio.ensure_future(self.repl.copy_last_answer())
+        task.add_done_callback(report)
 
     def _later(self, item: RenderableType) -> None:
         asyncio.ensure_future(self.show(item)).add_done_callback(report)
@@ -421,14 +561,27 @@ class Tui:
         repl = self.repl
         in_input = has_focus(self.input)
         empty = Condition(lambda: not self.input.text)
+        queued = Condition(lambda: bool(repl.queued()))
         in_panel = Condition(lambda: self.panel is not None and not self.panel.typing)
         in_why = has_focus(self.why)
+        no_panel = Condition(lambda: self.panel is None)
 
         kb.add("enter", filter=in_input)(lambda e: self._send())
+        kb.add("escape", "enter", filter=in_input)(lambda e: self._send(redirect=True))
         kb.add("c-j", filter=in_input)(lambda e: self.input.insert_text("\n"))
-        kb.add("escape", eager=True)(lambda e: self._escape())
+        kb.add("escape")(lambda e: self._escape())
         kb.add("?", filter=in_input & empty)(lambda e: self._later(Text(KEYS)))
         kb.add("c-o")(lambda e: self._later(repl.last_view(full=False)))
+        kb.add("c-r", filter=no_panel)(lambda e: self._later(repl.transcript()))
+        kb.add("c-x", eager=True)(lambda e: self._copy())
+        # undo and redo must not save an undo state first (that would clear what redo redoes)
+        kb.add("c-z", filter=in_input, save_before=_never)(lambda e: self.input.undo())
+        kb.add("c-y", filter=in_input, save_before=_never)(lambda e: self.input.redo())
+        kb.add("c-g", filter=in_input)(lambda e: self.input.open_in_editor())
+        # alt+←→ move by words like ctrl+←→ (prompt_toolkit's alt+→ stops at a word's start)
+        kb.add("escape", "left", filter=in_input)(get_by_name("backward-word"))
+        kb.add("escape", "right", filter=in_input)(get_by_name("forward-word"))
+        kb.add("up", filter=in_input & empty & queued)(lambda e: self._pop_queued())
         kb.add("c-d", filter=in_input & empty)(lambda e: repl.quit(repl.quit_code()))
         kb.add("c-l")(lambda e: self.clear())
 
@@ -448,13 +601,15 @@ class Tui:
         kb.add("enter", filter=in_panel)(
             lambda e: self._choose(self.panel.pick(self.panel.selected) if self.panel else None)
         )
+        kb.add("t", filter=in_panel)(lambda e: self._type())
 
         @kb.add("enter", filter=in_why)
         def _why(event: KeyPressEvent) -> None:
             if self.panel is not None and self.answer is not None and not self.answer.done():
                 self.panel.reason = self.why.text
-                no = next(o for o in self.panel.options if o.action == "no")
-                self.answer.set_result(no)
+                answer = self.panel.typed_answer()
+                if answer is not None:
+                    self.answer.set_result(answer)
 
         return kb
 
@@ -464,19 +619,25 @@ class Tui:
             self.refresh()
 
 
-STYLE = Style.from_dict(
-    {
-        "question": "bold",
-        "selected": "reverse",
-        "warning": "ansiyellow",
-        "error": "ansired",
-        "working": "bold",
-        "completion-menu": "noinherit",
-        "completion-menu.completion": "noinherit",
-        "completion-menu.completion.current": "noinherit reverse",
-        "completion-menu.meta.completion": "noinherit",
-        "completion-menu.meta.completion.current": "noinherit reverse",
-        "scrollbar.background": "noinherit",
-        "scrollbar.button": "noinherit reverse",
-    }
-)
+def _never(event: KeyPressEvent) -> bool:
+    return False
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+STYLE = {
+    "question": "bold",
+    "selected": "reverse",
+    "warning": "ansiyellow",
+    "error": "ansired",
+    "working": "bold",
+    "completion-menu": "noinherit",
+    "completion-menu.completion": "noinherit",
+    "completion-menu.completion.current": "noinherit reverse",
+    "completion-menu.meta.completion": "noinherit",
+    "completion-menu.meta.completion.current": "noinherit reverse",
+    "scrollbar.background": "noinherit",
+    "scrollbar.button": "noinherit reverse",
+}

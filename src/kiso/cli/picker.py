@@ -1,4 +1,5 @@
-"""Pickers: the resume picker, and the completer that picks a command or a workspace file.
+"""Pickers: the resume picker, the model profiles ``/model`` picks from, and the completer that
+picks a command or a workspace file.
 
 The resume picker: one row per session, with the state kiso would resume into, in words.
 
@@ -10,10 +11,12 @@ listing only: no session is opened, no writer lock taken.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from prompt_toolkit.application import Application
@@ -27,12 +30,24 @@ from prompt_toolkit.layout.controls import FormattedTextControl
 from prompt_toolkit.output import ColorDepth
 from prompt_toolkit.styles import Style
 
-from kiso.kernel import SessionInfo, StoreError
+from kiso.kernel import KisoError, SessionInfo, StoreError, UsageError
 from kiso.kernel.jsonl import JsonlSessionStore
+from kiso.providers.registry import check_effort, lookup
+from kiso.runtime.config import Config
+from kiso.runtime.models import ResolvedModel
 
 from .render import CURSOR, age, shorten_end, shorten_middle
 
-__all__ = ["Picker", "WorkspaceCompleter", "pick_session", "pick_session_async"]
+__all__ = [
+    "Picker",
+    "ProfileRow",
+    "WorkspaceCompleter",
+    "model_args",
+    "pick_session",
+    "pick_session_async",
+    "profile_rows",
+    "switch_model",
+]
 
 STYLE = Style.from_dict({"selected": "reverse", "title": "bold", "hint": "", "error": "ansired"})
 
@@ -209,6 +224,87 @@ async def pick_session_async(store: JsonlSessionStore, workspace: Path) -> str |
 def pick_session(store: JsonlSessionStore, workspace: Path) -> str | None:
     """Let the person pick a session to resume; None when they cancel. Writes nothing."""
     return asyncio.run(pick_session_async(store, workspace))
+
+
+# --------------------------------------------------------------------------------------------
+# the model profiles /model picks from
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRow:
+    """One model ``/model`` offers: a profile, or the model in use when it is none of them."""
+
+    name: str
+    detail: str
+    """Its kind and model id, in use or not, available or why not, its effort levels."""
+    available: bool
+    in_use: bool
+    profile: str | None
+    """The profile to switch to (None: the model in use, which is no profile)."""
+    state: str = "available"
+    """``available``, or ``unavailable: <why>``."""
+
+
+def _levels(levels: tuple[str, ...], chosen: str | None) -> str:
+    if not levels:
+        return " · no effort levels"
+    now = f" (set: {chosen})" if chosen else ""
+    return f" · effort {'/'.join(levels)}{now}"
+
+
+def profile_rows(config: Config, resolved: ResolvedModel, home: Path) -> list[ProfileRow]:
+    """Every profile, and the model in use if it is none of them: available when its key can be
+    found the way a switch would find it (why not, otherwise; a key is never shown), and the
+    effort levels its model accepts."""
+    from kiso.runtime.models import resolve_model
+
+    current = resolved.profile
+    rows: list[ProfileRow] = []
+    if current is None or current.name not in config.models:
+        levels = lookup(current.model).efforts if current is not None else ()
+        name = current.name if current is not None else "faux"
+        detail = f"{resolved.describe()} · in use{_levels(levels, None)}"
+        rows.append(ProfileRow(name, detail, True, True, None))
+    for name, profile in sorted(config.models.items()):
+        try:
+            resolve_model(dataclasses.replace(config, model=name), home=home)
+            state, available = "available", True
+        except KisoError as exc:
+            state, available = f"unavailable: {exc}", False
+        in_use = current is not None and current.name == name
+        efforts = _levels(lookup(profile.model).efforts, profile.effort)
+        detail = f"{profile.kind} {profile.model}{' · in use' if in_use else ''} · {state}{efforts}"
+        rows.append(ProfileRow(name, detail, available, in_use, name, state))
+    return rows
+
+
+def switch_model(
+    config: Config, name: str, effort: str | None, home: Path
+) -> tuple[ResolvedModel, Config]:
+    """The model ``/model NAME [EFFORT]`` selects, and the config with that effort recorded on
+    its profile. An effort the model does not accept is refused by name, with its levels."""
+    from kiso.runtime.models import resolve_model
+
+    models = dict(config.models)
+    if effort is not None and name in models:
+        models[name] = dataclasses.replace(models[name], effort=effort)
+    resolved = resolve_model(dataclasses.replace(config, model=name, models=models), home=home)
+    if effort is not None:
+        if resolved.profile is None:
+            raise UsageError("the scripted model takes no effort setting")
+        check_effort(resolved.profile.model, effort)
+        resolved = dataclasses.replace(
+            resolved, profile=dataclasses.replace(resolved.profile, effort=effort)
+        )
+    return resolved, dataclasses.replace(config, models=models)
+
+
+def model_args(arg: str) -> tuple[str, str | None]:
+    """``NAME [EFFORT]``, as ``/model`` takes them."""
+    parts = arg.split()
+    if not parts:
+        return "", None
+    return parts[0], (parts[1] if len(parts) > 1 else None)
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,9 +6,14 @@ input, and the status row. Everything finished is printed above it, into the ter
 scrollback, rendered by rich. The session is recovery-first: an open run is carried to its end
 before anything new starts.
 
+A new session is created when its first prompt is sent, not before: quitting before that leaves
+no session behind (settings changed before it are recorded when it is created). An existing
+session opens at once, and shows the last few turns of its conversation from its log.
+
 :class:`Repl` turns run events into what is shown and asked, and runs the slash commands; a
 :class:`Screen` shows it: :class:`kiso.cli.panels.Tui` on a terminal, :class:`Plain` (plain lines,
-numbered questions, no escape code) when stdout is not one.
+numbered questions, no escape code) when stdout is not one. docs/interactive.md is the reference
+for every key and command.
 """
 
 from __future__ import annotations
@@ -16,36 +21,54 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import shutil
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Protocol
 
-from rich.console import RenderableType
+from rich.console import Group, RenderableType
 from rich.text import Text
 
 from kiso.kernel import (
     Assistant,
     ExecutionFinished,
+    JsonlSessionStore,
     KisoError,
     Outcome,
     RunStarted,
+    SessionNotFoundError,
     ToolCall,
     Uncertain,
     kiso_home,
+    new_id,
 )
-from kiso.providers.registry import lookup
+from kiso.providers.registry import cost, lookup
 from kiso.runtime import Session, stream
+from kiso.runtime.approvals import check_mode
+from kiso.runtime.prompt import estimate_tokens
 
-from .panels import Option, Panel, Tui, approval_panel, call_view, uncertain_panel
+from .panels import (
+    NARROWER,
+    Option,
+    Panel,
+    Tui,
+    approval_panel,
+    call_view,
+    history_path,
+    uncertain_panel,
+)
+from .picker import model_args, profile_rows, switch_model
 from .render import (
     MODE_HELP,
     PROMPT,
     Meter,
     Policy,
     Printer,
+    Streamed,
     StreamText,
     duration,
     error_text,
@@ -54,16 +77,21 @@ from .render import (
     markdown,
     meter,
     modes_view,
+    money,
     prompt_echo,
     record_text,
     report,
     running_card,
     shorten_end,
+    spend,
     status_row,
     target_of,
+    transcript,
     warning_text,
+    working_row,
     write,
 )
+from .theme import UNKNOWN, Palette, choose_theme, query_background
 
 if TYPE_CHECKING:
     from kiso.cli.setup import RunOptions, Setup
@@ -72,8 +100,8 @@ __all__ = ["Repl", "Screen", "run_interactive"]
 
 RESUME = object()
 """Queued instead of a prompt: carry the (new) session's open run forward."""
-TAIL = 3
-"""How many of a running call's latest output lines its card shows."""
+RECENT_RUNS = 3
+"""How many of its last runs a resumed session shows from its log."""
 
 
 class Screen(Protocol):
@@ -86,10 +114,14 @@ class Screen(Protocol):
     def refresh(self) -> None: ...
 
     async def ask(self, panel: Panel) -> Option | None:
-        """The chosen option (None: esc, stop); a denial's reason is in ``panel.reason``."""
+        """The chosen option (None: esc, stop); a typed answer is in ``panel.reason``."""
         ...
 
     async def pick(self) -> str | None: ...
+
+    def copy(self, text: str) -> bool:
+        """Put ``text`` on the clipboard; False when this screen cannot."""
+        ...
 
     def clear(self) -> None: ...
 
@@ -109,34 +141,86 @@ def run_interactive(
 ) -> int:
     """Run the interactive session; the process exit code."""
     from kiso.cli.setup import open_session, prepare
+    from kiso.cli.trust import ask_on_terminal
 
+    policy = Policy.detect()
     try:
-        setup = prepare(model=model, mode=mode, options=options)
-        session = open_session(setup, session_id, must_exist=must_exist)
+        setup = prepare(
+            model=model,
+            mode=mode,
+            options=options,
+            ask_trust=ask_on_terminal,
+        )
+        session = None
+        if must_exist or (session_id is not None and _exists(setup, session_id)):
+            session = open_session(setup, session_id, must_exist=must_exist)
+        palette = choose_theme(
+            configured=setup.config.theme, environ=os.environ, ask=_terminal_asker(policy)
+        )
     except KisoError as exc:
         print(f"kiso: {exc}", file=sys.stderr)
         return 1
-    repl = Repl(setup, session, Policy.detect())
+    repl = Repl(setup, session, policy, session_id=session_id, palette=palette)
     try:
         return asyncio.run(repl.main(prompt))
     finally:
-        repl.session.close()
+        if repl.session is not None:
+            repl.session.close()
+
+
+def _exists(setup: Setup, session_id: str) -> bool:
+    """Is there a log for ``session_id``? (A malformed id is an error, said at once.)"""
+    store = setup.agent.store
+    try:
+        if isinstance(store, JsonlSessionStore):
+            store.path_of(session_id)
+        else:
+            store.load(session_id)
+    except SessionNotFoundError:
+        return False
+    return True
+
+
+def _terminal_asker(policy: Policy) -> Callable[[], str | None] | None:
+    """How to ask the terminal for its background, or None when it may not be asked (a pipe on
+    either side, or NO_COLOR)."""
+    try:
+        tty = sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if not (policy.color and tty):
+        return None
+    return lambda: query_background(sys.stdin.fileno(), sys.stdout.fileno())
 
 
 class Repl:
-    def __init__(self, setup: Setup, session: Session, policy: Policy) -> None:
+    def __init__(
+        self,
+        setup: Setup,
+        session: Session | None,
+        policy: Policy,
+        *,
+        session_id: str | None = None,
+        palette: Palette = UNKNOWN,
+    ) -> None:
         self.setup = setup
         self.session = session
+        """None until the first prompt creates it (an existing session is opened at once)."""
+        self.session_id = session.id if session is not None else (session_id or new_id())
+        self.pending: list[tuple[str, str]] = []
+        """Settings changed before the session existed: recorded when it is created."""
         self.policy = policy
-        self.printer = Printer(policy)
+        self.printer = Printer(policy, palette)
         self.text = StreamText()
         self.cards: dict[str, tuple[ToolCall, float]] = {}
         self.tails: dict[str, str] = {}  # call id -> the latest output of a running call
         self.running_since: float | None = None
         self.thinking = False
+        self.streamed = Streamed()
         self.last_tool: tuple[ToolCall, ExecutionFinished] | None = None
         self.last_outcome: Outcome | None = None
-        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self.queue: deque[object] = deque()
+        self.wake = asyncio.Event()
         self.exiting: int | None = None
         self.meter = Meter()
         self.screen: Screen
@@ -151,6 +235,13 @@ class Repl:
     def model(self) -> str:
         return self.setup.agent.adapter.model
 
+    @property
+    def mode(self) -> str:
+        if self.session is not None:
+            return self.session.mode
+        modes = [v for k, v in self.pending if k == "mode"]
+        return modes[-1] if modes else self.setup.agent.mode
+
     def window(self) -> int:
         profile = self.setup.resolved.profile
         if profile is not None and profile.context_window:
@@ -158,45 +249,97 @@ class Repl:
         return lookup(self.model).context_window
 
     def update_meter(self) -> None:
-        self.meter = meter(self.session.events, self.window())
+        self.meter = meter(self.session.events if self.session else (), self.window())
+
+    def cost(self) -> str:
+        return spend(self.session.events if self.session else (), self.model)
 
     def status(self, width: int) -> str:
         return status_row(
-            mode=self.session.mode,
+            mode=self.mode,
             model=self.model,
             m=self.meter,
             width=width,
             floor=self.setup.agent.floor,
+            cost=self.cost(),
         )
 
     def working(self, width: int) -> str:
         if self.running_since is None:
             return ""
-        secs = int(time.monotonic() - self.running_since)
-        parts = [f"✦ {'thinking' if self.thinking else 'working'} {secs}s", "esc stop"]
-        if self.queue.qsize():
-            parts.append(f"{self.queue.qsize()} queued")
-        return " · ".join(parts)[:width]
+        return working_row(
+            thinking=self.thinking,
+            seconds=int(time.monotonic() - self.running_since),
+            streamed=self.streamed,
+            queued=len(self.queued()),
+            ctx_left=self.meter.ctx_left,
+            width=width,
+        )
 
     def live_cards(self, width: int) -> list[str]:
         """The running calls, each with the last lines of the output it has reported so far."""
         now = time.monotonic()
         lines: list[str] = []
         for call_id, (call, began) in self.cards.items():
-            lines.append(running_card(call, (now - began) * 1000, width))
-            tail = [ln for ln in self.tails.get(call_id, "").splitlines() if ln.strip()][-TAIL:]
-            for i, text in enumerate(tail):
-                lines.append(shorten_end(("  └ " if i == 0 else "    ") + text, width))
+            lines += running_card(call, (now - began) * 1000, self.tails.get(call_id, ""), width)
         return lines
 
-    def banner(self) -> Text:
+    def banner(self) -> RenderableType:
         s = self.session
-        where = "new session" if not s.events else f"{len(s.events)} events, {s.state.value}"
-        return Text(
-            f"kiso · session {s.id} ({where}) · {self.setup.resolved.describe()} · "
-            f"{self.setup.workspace}\n? shows the keys · /help the commands",
+        if s is None:
+            where = "new: saved when the first prompt is sent"
+        elif not s.events:
+            where = "new session"
+        else:
+            where = f"{len(s.events)} events, {s.state.value}"
+        head = Text(
+            f"kiso · session {self.session_id} ({where})\n"
+            f"{self.setup.resolved.describe()} · {self.setup.workspace}\n"
+            "? shows the keys · /help the commands",
             style="bold",
         )
+        return Group(head, *(warning_text(f"⚠ {n}") for n in self.setup.notices))
+
+    def recent(self) -> RenderableType | None:
+        """The last few turns of an existing session's conversation, from its log."""
+        if self.session is None or not self.session.events:
+            return None
+        shown = transcript(self.session.events, self.screen.width(), runs=RECENT_RUNS)
+        return Group(*shown) if shown else None
+
+    def transcript(self) -> RenderableType:
+        """The whole conversation so far (ctrl+r, /transcript)."""
+        if self.session is None or not self.session.events:
+            return Text("nothing said yet: the transcript starts with the first prompt")
+        shown = transcript(self.session.events, self.screen.width())
+        rule = Text("── transcript " + "─" * max(self.screen.width() - 15, 0))
+        return Group(rule, *shown, Text("── end of transcript"))
+
+    def last_answer(self) -> str | None:
+        """The text the model answered the last prompt with."""
+        if self.session is None:
+            return None
+        parts = [e.text for e in self._run_turns() if e.text.strip()]
+        return "\n\n".join(p.strip("\n") for p in parts) or None
+
+    # ------------------------------------------------------------------ the session, once needed
+
+    async def open(self) -> Session | None:
+        """The session, created now if this is its first prompt (settings changed before are
+        recorded first); None (and the reason shown) when it cannot be created."""
+        if self.session is not None:
+            return self.session
+        from kiso.cli.setup import open_session
+
+        try:
+            session = open_session(self.setup, self.session_id)
+            for key, value in self.pending:
+                session.record_setting(key, value)
+        except KisoError as exc:
+            await self.screen.show(error_text(f"✗ the session was not created: {exc}"))
+            return None
+        self.session, self.pending = session, []
+        return session
 
     # ------------------------------------------------------------------ the main loop
 
@@ -204,21 +347,53 @@ class Repl:
         self.screen = Tui(self) if self.policy.ansi else Plain(self)
         self.update_meter()
         await self.screen.show(self.banner())
-        if self.session.fold.open_run is not None:
-            self.queue.put_nowait(RESUME)
+        recent = self.recent()
+        if recent is not None:
+            await self.screen.show(recent)
+        if self.session is not None and self.session.fold.open_run is not None:
+            self.enqueue(RESUME)
         if prompt:
-            self.queue.put_nowait(prompt)
+            self.enqueue(prompt)
         code = await self.screen.run()
         s = self.session
-        await self.screen.show(Text(f"session {s.id} ({s.state.value}) · kiso resume {s.id}"))
+        if s is None:
+            await self.screen.show(Text("nothing was sent, so no session was saved"))
+        else:
+            await self.screen.show(Text(f"session {s.id} ({s.state.value}) · kiso resume {s.id}"))
         return code
+
+    def enqueue(self, item: object, *, first: bool = False) -> None:
+        if first:
+            self.queue.appendleft(item)
+        else:
+            self.queue.append(item)
+        self.wake.set()
+
+    def queued(self) -> list[str]:
+        """The prompts waiting for the current run to end, oldest first."""
+        return [item for item in self.queue if isinstance(item, str)]
+
+    def pop_queued(self) -> str | None:
+        """Take the last queued prompt back (↑ on an empty input), or None."""
+        for i in range(len(self.queue) - 1, -1, -1):
+            item = self.queue[i]
+            if isinstance(item, str):
+                del self.queue[i]
+                return item
+        return None
 
     async def worker(self, *, wait: bool = True) -> None:
         """Take queued prompts one at a time; each runs to its end before the next starts."""
-        while self.exiting is None and (wait or not self.queue.empty()):
-            item = await self.queue.get()
+        while self.exiting is None:
+            if not self.queue:
+                if not wait:
+                    break
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            item = self.queue.popleft()
             try:
-                if item is RESUME:
+                if item is RESUME and self.session is not None:
                     await self.drive(self.session.resume())
                 elif isinstance(item, str):
                     await self.run_prompt(item)
@@ -227,24 +402,36 @@ class Repl:
         if self.exiting is not None:
             self.screen.exit(self.exiting)
 
-    def submit(self, text: str) -> None:
-        """A line from the input: a command now, a prompt when the current run is over."""
+    def submit(self, text: str, *, redirect: bool = False) -> None:
+        """A line from the input: a command now, a prompt when the current run is over.
+
+        ``redirect`` (alt+⏎, ctrl+⏎) while a run is going: the run is stopped where it is (as esc
+        stops it: the streaming turn is dropped, a running tool is cancelled, the run ends
+        ``aborted``) and the text goes first in the queue, so it is the next prompt the model
+        reads, with everything the stopped run committed before it.
+        """
         line = text.strip()
         if not line:
             return
         if line.startswith("/"):
             task = asyncio.ensure_future(self.command(line))
             task.add_done_callback(report)
+            return
+        if redirect and self.running and self.session is not None:
+            self.enqueue(text, first=True)
+            self.session.abort()
+            note = Text("  ↪ redirect: the run stops here and your message goes next")
+            asyncio.ensure_future(self.screen.show(note)).add_done_callback(report)
         else:
-            self.queue.put_nowait(text)
-            self.screen.refresh()
+            self.enqueue(text)
+        self.screen.refresh()
 
     def abort(self) -> None:
-        if self.running:
+        if self.running and self.session is not None:
             self.session.abort()
 
     def quit(self, code: int = 0) -> None:
-        if self.running:
+        if self.running and self.session is not None:
             self.exiting = code
             self.session.abort()
         else:
@@ -258,20 +445,24 @@ class Repl:
     async def run_prompt(self, text: str, *, echo: bool = True) -> None:
         if echo:
             await self.screen.show(prompt_echo(text))
-        if self.session.fold.open_run is not None:
-            await self.drive(self.session.resume())
-            if self.session.fold.open_run is not None:
+        session = await self.open()
+        if session is None:
+            return
+        if session.fold.open_run is not None:
+            await self.drive(session.resume())
+            if session.fold.open_run is not None:
                 await self.screen.show(
                     warning_text("the open run still waits for an answer; it was asked again")
                 )
                 return
-        await self.drive(self.session.run(text))
+        await self.drive(session.run(text))
 
     # ------------------------------------------------------------------ run events
 
     async def drive(self, events: AsyncIterator[stream.RunEvent]) -> None:
         self.running_since = time.monotonic()
         self.last_outcome = None
+        self.streamed = Streamed()
         ticker = asyncio.ensure_future(self._tick())
         try:
             async with contextlib.aclosing(events) as agen:  # type: ignore[type-var]
@@ -303,18 +494,22 @@ class Repl:
     async def handle(self, ev: stream.RunEvent) -> None:
         show = self.screen.show
         ws = self.setup.workspace
+        assert self.session is not None
         if isinstance(ev, stream.TextDelta):
             self.thinking = False
+            self.streamed.delta(ev.text, time.monotonic())
             for block in self.text.feed(ev.text):
                 await show(markdown(block))
         elif isinstance(ev, stream.ThinkingDelta):
             self.thinking = True
+            self.streamed.delta(ev.text, time.monotonic())
         elif isinstance(ev, stream.Retry):
             await show(
                 warning_text(f"retrying in {ev.delay:.1f}s (attempt {ev.attempt}): {ev.error}")
             )
         elif isinstance(ev, stream.ModelTurn):
             self.thinking = False
+            self.streamed.turn(ev.event.usage.output)
             await self.flush_text()
             self.update_meter()
         elif isinstance(ev, stream.Decision):
@@ -367,6 +562,7 @@ class Repl:
     async def _approve(self, call: ToolCall, panel: Panel) -> None:
         choice = await self.screen.ask(panel)
         session = self.session
+        assert session is not None
         if choice is None:
             session.deny(call.call_id, "the user stopped the run")
             session.abort()
@@ -383,11 +579,15 @@ class Repl:
             why = panel.reason.strip()
             session.deny(call.call_id, why or None)
             await self.screen.show(Text(f"  ✗ denied{': ' + why if why else ''}"))
+        elif choice.action == "narrower":
+            session.deny(call.call_id, NARROWER)
+            await self.screen.show(Text("  ✗ not run · the model is asked for narrower versions"))
         else:
             session.approve(call.call_id)
             await self.screen.show(Text("  ✓ approved"))
 
     async def _rule(self, u: Uncertain) -> bool:
+        assert self.session is not None
         call = ToolCall(u.call_id, u.name, u.input)
         heading = f"● interrupted execution: {u.name} ({u.execution_id})"
         await self.screen.show(call_view(call, self.setup.workspace, heading=heading))
@@ -420,7 +620,10 @@ class Repl:
         if any(t.usage.output is not None for t in turns):
             fresh = sum(t.usage.input or 0 for t in turns)
             out = sum(t.usage.output or 0 for t in turns)
-            facts.append(f"in {fresh} out {out}")
+            facts.append(f"fresh {fresh} out {out}")
+        priced = [cost(t.model, t.usage) for t in turns]
+        if turns and all(p is not None for p in priced):
+            facts.append(money(sum(p or 0.0 for p in priced)))
         if m.cache_hit is not None:
             facts.append(f"cache {m.cache_hit}%")
         if m.ctx_left is not None:
@@ -430,7 +633,7 @@ class Repl:
     def _run_turns(self) -> list[Assistant]:
         """The model turns of the last run."""
         turns: list[Assistant] = []
-        for e in self.session.events:
+        for e in self.session.events if self.session else ():
             if isinstance(e, RunStarted):
                 turns = []
             elif isinstance(e, Assistant):
@@ -453,13 +656,17 @@ class Repl:
             await self._mode(arg)
         elif name == "/model":
             if arg:
-                await self._switch_model(arg)
+                await self._switch_model(*model_args(arg))
             else:
-                await show(self._models())
+                await self._pick_model()
         elif name == "/status":
             await show(self._status())
         elif name == "/last":
             await show(self.last_view(full=True))
+        elif name == "/transcript":
+            await show(self.transcript())
+        elif name == "/copy":
+            await self.copy_last_answer()
         elif name == "/clear":
             self.screen.clear()
         elif name == "/compact":
@@ -469,26 +676,44 @@ class Repl:
         else:
             await show(error_text(f"unknown command {name}; /help lists them"))
 
+    async def copy_last_answer(self) -> None:
+        """ctrl+x, /copy: the last answer onto the clipboard, through the terminal (OSC 52)."""
+        text = self.last_answer()
+        if text is None:
+            await self.screen.show(Text("no answer to copy yet"))
+        elif not self.screen.copy(text):
+            await self.screen.show(warning_text("copying needs a terminal (OSC 52)"))
+        else:
+            lines = text.count("\n") + 1
+            await self.screen.show(
+                Text(
+                    f"  ⧉ copied the last answer ({lines} line{'s' if lines != 1 else ''}, "
+                    f"{len(text)} characters) · through the terminal (OSC 52), if it allows that"
+                )
+            )
+
     async def _mode(self, arg: str) -> None:
         if not arg:
-            await self.screen.show(modes_view(self.session.mode))
+            await self.screen.show(modes_view(self.mode))
             return
         try:
-            self.session.set_mode(arg)  # the runtime records it (setting_changed)
+            if self.session is not None:
+                self.session.set_mode(arg)  # the runtime records it (setting_changed)
+            else:
+                check_mode(arg)
+                self.pending.append(("mode", arg))  # recorded when the session is created
         except KisoError as exc:
             await self.screen.show(error_text(str(exc)))
             return
         await self.screen.show(Text(f"mode: {arg} · {MODE_HELP[arg]}"))
         self.screen.refresh()
 
-    async def _switch_model(self, name: str) -> None:
-        """Switch the session's model for the turns that follow."""
-        from kiso.runtime.models import build_adapter, resolve_model
+    async def _switch_model(self, name: str, effort: str | None = None) -> None:
+        """Switch the session's model (and its effort level) for the turns that follow."""
+        from kiso.runtime.models import build_adapter
 
         try:
-            resolved = resolve_model(
-                dataclasses.replace(self.setup.config, model=name), home=kiso_home()
-            )
+            resolved, config = switch_model(self.setup.config, name, effort, kiso_home())
             adapter = build_adapter(resolved)
         except KisoError as exc:
             await self.screen.show(error_text(str(exc)))
@@ -497,40 +722,105 @@ class Repl:
         agent.adapter = adapter
         agent.profile = resolved.profile.name if resolved.profile else None
         agent.strip_env = resolved.strip_env
-        self.setup = dataclasses.replace(self.setup, resolved=resolved)
-        self.session.record_setting("model", name)
-        await self.screen.show(Text(f"model: {resolved.describe()} (for the turns that follow)"))
+        self.setup = dataclasses.replace(self.setup, resolved=resolved, config=config)
+        settings = [("model", name), *([("effort", effort)] if effort else [])]
+        if self.session is not None:
+            for key, value in settings:
+                self.session.record_setting(key, value)
+        else:
+            self.pending += settings
+        level = f" · effort {effort}" if effort else ""
+        await self.screen.show(
+            Text(f"model: {resolved.describe()}{level} (for the turns that follow)")
+        )
+        self.update_meter()
         self.screen.refresh()
 
-    def _models(self) -> RenderableType:
-        from kiso.runtime.models import resolve_model
-
-        config = self.setup.config
-        current = self.setup.resolved.profile
-        lines = [f"model now: {self.setup.resolved.describe()}"]
-        for name, profile in sorted(config.models.items()):
-            try:
-                resolve_model(dataclasses.replace(config, model=name), home=kiso_home())
-                state = "available"
-            except KisoError as exc:
-                state = f"unavailable: {exc}"
-            mark = "▸" if current is not None and current.name == name else " "
-            lines.append(f"{mark} {name:<14} {profile.kind} {profile.model} · {state}")
-        if not config.models:
-            lines.append("no profiles in ~/.kiso/config.json (docs/providers.md shows the shape)")
-        lines.append("/model NAME switches this session's model for the turns that follow")
-        return Text("\n".join(lines))
+    async def _pick_model(self) -> None:
+        """``/model``: pick a profile, then its effort level (``t`` types ``NAME [EFFORT]``)."""
+        found = profile_rows(self.setup.config, self.setup.resolved, kiso_home())
+        rows = [
+            Option(
+                r.name,
+                "pick",
+                r.detail,
+                r.available,
+                f"{r.name} is {r.detail.split(' · ')[-2]}",
+                r.profile or "",
+            )
+            for r in found
+        ]
+        current = next((i for i, r in enumerate(found) if r.in_use), 0)
+        panel = Panel(
+            f"Model for the turns that follow (now {self.setup.resolved.describe()})",
+            rows,
+            selected=current,
+            typed="pick",
+            ask="model [effort]: ",
+            hint="↑↓ move · ⏎ picks · digits act on their row · t types provider/model · esc "
+            "keeps this one",
+        )
+        if not self.setup.config.models:
+            panel.note = "no profiles in ~/.kiso/config.json (docs/providers.md shows the shape)"
+        choice = await self.screen.ask(panel)
+        if choice is None:
+            return
+        if choice.label == "typed":
+            name, effort = model_args(panel.reason)
+            if name:
+                await self._switch_model(name, effort)
+            return
+        if not choice.value:
+            await self.screen.show(Text(f"model: {self.setup.resolved.describe()} (unchanged)"))
+            return
+        profile = self.setup.config.models[choice.value]
+        levels = lookup(profile.model).efforts
+        effort = None
+        if levels:
+            options = [Option(level, "pick", value=level) for level in levels]
+            options.append(Option("the model's default", "pick", value=""))
+            chosen = profile.effort or ""
+            start = next((i for i, o in enumerate(options) if o.value == chosen), 0)
+            asked = await self.screen.ask(
+                Panel(f"Effort for {choice.value} ({profile.model})?", options, selected=start)
+            )
+            if asked is None:
+                return
+            effort = asked.value or None
+        await self._switch_model(choice.value, effort)
 
     def _status(self) -> RenderableType:
         s, m = self.session, self.meter
         ctx = f"~{m.ctx_left}% left" if m.ctx_left is not None else "unknown"
+        if s is None:
+            session = f"{self.session_id} (new: saved when the first prompt is sent)"
+        else:
+            session = f"{s.id} ({s.state.value}, {len(s.events)} events)"
+        profile = self.setup.resolved.profile
+        effort = f" · effort {profile.effort}" if profile is not None and profile.effort else ""
+        info = lookup(self.model)
+        spent = self.cost()
+        if info.price is not None:
+            spent += f" this session · list prices as of {info.as_of} ({info.source})"
+        elif spent != "cost unknown":
+            spent += f" this session · {self.model} has no dated price"
+        else:
+            spent += f": {self.model} has no dated price in the registry"
+        system = getattr(s, "system_prompt", None) if s is not None else None
+        if not isinstance(system, str):
+            system = self.setup.agent.system_prompt
+        prompt = f"~{estimate_tokens(system):,} tokens" if system else "none"
         lines = [
-            f"session    {s.id} ({s.state.value}, {len(s.events)} events)",
+            f"session    {session}",
             f"workspace  {self.setup.workspace}",
-            f"model      {self.setup.resolved.describe()}",
-            f"mode       {s.mode}{'' if self.setup.agent.floor else ' · floor off'}",
+            f"model      {self.setup.resolved.describe()}{effort}",
+            f"mode       {self.mode}{'' if self.setup.agent.floor else ' · floor off'}",
             f"context    {ctx} of {self.window():,} tokens",
+            f"system     the system prompt is {prompt}",
+            f"cost       {spent}",
+            f"theme      {self.printer.palette.describe()}",
             f"rules      {self.setup.agent.rules.path}",
+            f"history    {history_path(kiso_home(), self.setup.workspace)}",
         ]
         if m.turn is not None:
             u = m.turn.usage
@@ -553,7 +843,7 @@ class Repl:
             await self.screen.show(warning_text("a run is going: stop it (esc) first"))
             return
         chosen = await self.screen.pick()
-        if chosen is None or chosen == self.session.id:
+        if chosen is None or chosen == self.session_id:
             return
         try:
             new = open_session(self.setup, chosen)
@@ -561,11 +851,16 @@ class Repl:
             await self.screen.show(error_text(str(exc)))
             return
         old, self.session = self.session, new
-        old.close()
+        self.session_id, self.pending = new.id, []
+        if old is not None:
+            old.close()
         self.last_tool = None
         self.update_meter()
         await self.screen.show(self.banner())
-        self.queue.put_nowait(RESUME)
+        recent = self.recent()
+        if recent is not None:
+            await self.screen.show(recent)
+        self.enqueue(RESUME)
 
 
 def _n(count: int | None) -> str:
@@ -593,6 +888,9 @@ class Plain:
 
     def clear(self) -> None:
         pass
+
+    def copy(self, text: str) -> bool:
+        return False  # a pipe carries zero escape codes
 
     def exit(self, code: int) -> None:
         self.repl.exiting = code
