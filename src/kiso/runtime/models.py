@@ -29,7 +29,7 @@ from kiso.providers.registry import check_effort
 from kiso.runtime.auth import VENDORS, AuthError, AuthStore, vendor_for_origin
 from kiso.runtime.config import KINDS, Config, ConfigError, Profile
 
-__all__ = ["ResolvedModel", "build_adapter", "resolve_model"]
+__all__ = ["THINKING_BUDGETS", "ResolvedModel", "build_adapter", "resolve_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +139,10 @@ def resolve_model(
     return ResolvedModel(profile, key, source)
 
 
+THINKING_BUDGETS = {"low": 2_048, "medium": 8_192, "high": 24_576}
+"""The extended-thinking budget (tokens) an Anthropic profile's ``effort`` asks for."""
+
+
 def build_adapter(resolved: ResolvedModel) -> Adapter:
     """The adapter for a resolved model; provider SDKs are imported here, not before."""
     profile = resolved.profile
@@ -157,6 +161,7 @@ def build_adapter(resolved: ResolvedModel) -> Adapter:
             base_url=profile.base_url,
             provider=profile.name,
             prompt_caching=profile.prompt_caching,
+            thinking_budget=THINKING_BUDGETS.get(profile.effort) if profile.effort else None,
         )
     if profile.kind == "openai-responses":
         from kiso.providers.openai_responses import OpenAIResponsesAdapter
