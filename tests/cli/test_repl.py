@@ -649,7 +649,7 @@ def test_the_uncertain_execution_view_has_no_warning() -> None:
 
 
 def test_the_status_row_cuts_only_the_model_name() -> None:
-    from kiso.cli.render import Meter, status_row
+    from kiso.cli.status import Meter, status_row
 
     m = Meter(ctx_left=42, cache_hit=97, tok_s=186.4)
     model = "deepseek-v3-terminus-thinking-on-0910"
@@ -676,7 +676,8 @@ def test_streamed_text_leaves_in_paragraphs_and_code_blocks_stay_whole() -> None
 
 
 def test_a_finished_call_settles_into_its_record() -> None:
-    from kiso.cli.render import ERROR, record_text
+    from kiso.cli.records import record_text
+    from kiso.cli.render import ERROR
     from kiso.kernel import ExecutionFinished
 
     call = ToolCall("c", "shell", {"command": "./suite.sh;\necho done"})

@@ -14,22 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kiso.cli.panels import approval_panel
-from kiso.cli.render import (
-    PROMPT,
-    Meter,
-    Policy,
-    Printer,
-    Streamed,
-    copy_sequence,
-    markdown,
-    outcome_of,
-    record_text,
-    spend,
-    status_row,
-    transcript,
-    working_row,
-    wrap,
-)
+from kiso.cli.records import copy_sequence, outcome_of, record_text, transcript
+from kiso.cli.render import PROMPT, Policy, Printer, markdown, wrap
+from kiso.cli.status import Meter, Streamed, spend, status_row, working_row
 from kiso.cli.theme import UNKNOWN, choose_theme, from_colorfgbg, palette, parse_background
 from kiso.kernel import (
     ApprovalDecided,

@@ -58,19 +58,8 @@ from kiso.kernel import ToolCall, Uncertain
 from kiso.kernel.layout import make_private_dirs, projects_dir, workspace_slug
 
 from .picker import WorkspaceCompleter
-from .render import (
-    COMMANDS,
-    CURSOR,
-    KEYS,
-    PROMPT,
-    WARNING,
-    copy_sequence,
-    diff_view,
-    report,
-    wrap,
-    wrap_fragments,
-    write,
-)
+from .records import copy_sequence, diff_view
+from .render import COMMANDS, CURSOR, KEYS, PROMPT, WARNING, report, wrap, wrap_fragments, write
 
 if TYPE_CHECKING:
     from kiso.runtime.offers import Offer

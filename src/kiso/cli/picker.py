@@ -36,7 +36,8 @@ from kiso.providers.registry import check_effort, lookup
 from kiso.runtime.config import Config
 from kiso.runtime.models import ResolvedModel
 
-from .render import CURSOR, age, shorten_end, shorten_middle
+from .records import age
+from .render import CURSOR, shorten_end, shorten_middle
 
 __all__ = [
     "Picker",

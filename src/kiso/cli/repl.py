@@ -62,35 +62,24 @@ from .panels import (
     uncertain_panel,
 )
 from .picker import model_args, profile_rows, switch_model
+from .records import duration, last_view, record_text, running_card, target_of, transcript
 from .render import (
     MODE_HELP,
     PROMPT,
-    Meter,
     Policy,
     Printer,
-    Streamed,
     StreamText,
-    duration,
     error_text,
     help_view,
-    last_view,
     markdown,
-    meter,
     modes_view,
-    money,
     prompt_echo,
-    record_text,
     report,
-    running_card,
     shorten_end,
-    spend,
-    status_row,
-    target_of,
-    transcript,
     warning_text,
-    working_row,
     write,
 )
+from .status import Meter, Streamed, meter, money, spend, status_row, working_row
 from .theme import UNKNOWN, Palette, choose_theme, query_background
 
 if TYPE_CHECKING:
