@@ -7,14 +7,34 @@
 #   still not there. `kiso resume` then rules the interrupted command "skip" and the ORIGINAL
 #   trajectory continues: f3.txt is edited, nothing before it repeats, and marker.txt never
 #   appears.
+# Its temporary folders (two per round, under $TMPDIR) are removed when it ends, however it ends;
+# `--keep` keeps them and prints where they are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+keep=no
+case "${1:-}" in
+    --keep) keep=yes ;;
+    "") ;;
+    *) echo "usage: scripts/demo-kill9.sh [--keep]" >&2; exit 2 ;;
+esac
 scripts/bootstrap >/dev/null
 kiso="$PWD/.venv/bin/kiso"
+made=()
+cleanup() {
+    [ ${#made[@]} -gt 0 ] || return 0
+    if [ "$keep" = yes ]; then
+        echo "kept the temporary folders: ${made[*]}"
+    else
+        rm -rf -- "${made[@]}"
+        echo "removed the temporary folders (${#made[@]}); --keep keeps them"
+    fi
+}
+trap cleanup EXIT
 
 story() {
     local home ws log pid pgid shell marker running
     home=$(mktemp -d) ws=$(mktemp -d)
+    made+=("$home" "$ws")
     printf 'OLD\n' > "$ws/f1.txt"
     printf 'OLD\n' > "$ws/f3.txt"
     cat > "$home/script.json" <<'JSON'
@@ -54,7 +74,6 @@ JSON
     echo "   after the resume: f1=$(cat "$ws/f1.txt") f3=$(cat "$ws/f3.txt") marker=$([ -e "$ws/marker.txt" ] && echo yes || echo no)"
     [ "$(cat "$ws/f1.txt")" = NEW ] && [ "$(cat "$ws/f3.txt")" = NEW ] && [ ! -e "$ws/marker.txt" ]
     [ "$(grep -c '"type":"execution_resolved"' "$log")" = 1 ]
-    rm -rf "$home" "$ws"
 }
 
 story 1

@@ -14,6 +14,7 @@ Provider-neutral: it knows HTTP, SSE framing and JSON, nothing about any vendor'
   :class:`Event` is written as ``event: <name>`` (if named) and ``data: <json or text>`` lines.
   ``cut=True`` drops the connection after the events, without the chunked terminator, so the
   client sees a broken body (what a dropped connection looks like), never a clean end.
+  ``until_close=True`` sends no chunked framing at all: the body ends when the connection closes.
 * :class:`Reply` is any other response: a status, a JSON (or raw) body and headers.
 * Every request is recorded (method, path, lower-cased headers, raw body, parsed JSON), whatever
   its credentials (``Authorization: Bearer ...`` or ``x-api-key``: both are just recorded).
@@ -63,6 +64,9 @@ class Stream:
     headers: Mapping[str, str] = field(default_factory=dict)
     cut: bool = False
     """Drop the connection after the events, mid-body."""
+    until_close: bool = False
+    """No chunked framing: the body ends when the server closes the connection (HTTP/1.0 style,
+    as some gateways and proxies send a stream)."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,10 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"content-type": "text/event-stream", "cache-control": "no-cache"}
         for name, value in {**headers, **reply.headers}.items():
             self.send_header(name, value)
-        self.send_header("transfer-encoding", "chunked")
+        if reply.until_close:
+            self.send_header("connection", "close")
+        else:
+            self.send_header("transfer-encoding", "chunked")
         self.end_headers()
         self.wfile.flush()
         try:
@@ -186,8 +193,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if event.delay:
                     time.sleep(event.delay)
                 data = event.encode()
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.write(data if reply.until_close else b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
+            if reply.until_close:
+                self.close_connection = True
+                return
             if reply.cut:
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)

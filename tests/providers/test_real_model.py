@@ -70,3 +70,23 @@ def test_a_real_session_through_each_adapter(server: str, kind: str, tmp_path: P
         "max_tokens",
         "invalid_tool_call",
     ), ended.outcome
+
+
+def test_a_prompt_longer_than_the_servers_context_is_a_context_overflow(server: str) -> None:
+    import asyncio
+
+    from kiso.kernel import TextBlock, UserMessage
+    from kiso.providers import ModelRequest, ProviderError
+
+    adapter = OpenAICompatAdapter(model="smollm2", api_key="local", base_url=f"{server}/v1")
+    too_long = ModelRequest(None, (UserMessage((TextBlock("word " * 6000),)),))
+
+    async def drain() -> None:
+        async for _ in adapter.stream(too_long):
+            pass
+
+    with pytest.raises(ProviderError) as caught:
+        asyncio.run(drain())
+    assert (caught.value.status, caught.value.code) == (400, "context_overflow")
+    assert not caught.value.retryable
+    assert "4096" in caught.value.message  # the server's n_ctx

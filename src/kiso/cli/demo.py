@@ -10,6 +10,7 @@ it out. The first call is never run again; the interrupted one is ruled on and r
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,9 +146,34 @@ def _describe(action: Any) -> str:
     return name
 
 
-def run_demo(home: str | None) -> int:
-    home = home or tempfile.mkdtemp(prefix="kiso-demo-home-")
-    workspace = Path(tempfile.mkdtemp(prefix="kiso-demo-workspace-"))
+def run_demo(home: str | None, *, keep: bool = False) -> int:
+    """Run the demo; its temporary folders are removed at the end unless ``keep`` or ``home``.
+
+    ``home`` (``--home``) is the caller's folder: it and the workspace are kept, so the session
+    can be inspected. Otherwise the demo makes both under ``$TMPDIR`` and removes them when it
+    ends, however it ends, and says so.
+    """
+    kept = keep or home is not None
+    made: list[str] = []
+    try:
+        if home is None:
+            home = tempfile.mkdtemp(prefix="kiso-demo-home-")
+            made.append(home)
+        workspace = Path(tempfile.mkdtemp(prefix="kiso-demo-workspace-"))
+        made.append(str(workspace))
+        code = _demo(home, workspace)
+        if kept:
+            _say(f"Inspect it:  KISO_HOME={home} kiso sessions --all")
+        return code
+    finally:
+        if not kept and made:
+            for folder in made:
+                shutil.rmtree(folder, ignore_errors=True)
+            _say(f"Removed the demo's temporary folders ({', '.join(made)}); "
+                 "kiso demo --home DIR keeps the session.")  # fmt: skip
+
+
+def _demo(home: str, workspace: Path) -> int:
     store = JsonlSessionStore(home)
     with store.create(workspace) as writer:
         session_id, path = writer.id, writer.path
@@ -216,7 +242,6 @@ def run_demo(home: str | None) -> int:
     row = next(r for r in store.list(workspace) if r.id == session_id)
     _say(f"   session state: {row.state.value}; {row.events} events")
     _say()
-    _say(f"Inspect it:  KISO_HOME={home} kiso sessions --all")
     ok = text == "first line\nsecond line\n" and row.state.value == "completed"
     return 0 if ok else 1
 

@@ -463,7 +463,8 @@ def _latest_session() -> str | None:
     default=None,
     help="KISO_HOME for the demo session (default: a new temporary folder).",
 )
-def demo(home: str | None) -> None:
+@click.option("--keep", is_flag=True, help="Keep the demo's temporary folders.")
+def demo(home: str | None, keep: bool) -> None:
     """Run a durable session, kill it with SIGKILL mid-tool-call, and recover it.
 
     Needs no key and no network: the model's turns are scripted. Nothing outside the temporary
@@ -471,7 +472,7 @@ def demo(home: str | None) -> None:
     """
     from kiso.cli.demo import run_demo
 
-    sys.exit(run_demo(home))
+    sys.exit(run_demo(home, keep=keep))
 
 
 @cli.command()

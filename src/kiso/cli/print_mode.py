@@ -32,7 +32,8 @@ from kiso.kernel import Assistant, Event, KisoError, Outcome, Ruling, RunStarted
 from kiso.runtime import STREAM_VERSION, Session, stream
 
 if TYPE_CHECKING:
-    from kiso.cli.setup import RunOptions
+    from kiso.cli.attach import Expansion
+    from kiso.cli.setup import RunOptions, Setup
 
 __all__ = ["fail", "run_headless"]
 
@@ -54,10 +55,13 @@ def run_headless(
     out = _Output(output_format)
     try:
         setup = prepare(model=model, mode=mode, options=options)
+        sent = _attached(prompt, setup) if prompt else None
         ruling = parse_ruling(resolve) if resolve is not None else None
         with open_session(setup, session_id, headless=True, must_exist=must_exist) as session:
             out.on_closed = lambda: session.abort("output closed")
             out.note(f"session {session.id} · {setup.resolved.describe()} · mode {session.mode}")
+            for line in sent.notes if sent is not None else ():
+                out.note(line)
             for notice in setup.notices:  # e.g. that the mode comes from a project config
                 out.note(notice)
             first = len(session.events)
@@ -66,7 +70,11 @@ def run_headless(
             for index in range(2):
                 if index == 1 and (prompt is None or blocked):
                     break
-                stage = session.resume_sync() if index == 0 else session.run_sync(prompt or "")
+                stage = (
+                    session.resume_sync()
+                    if index == 0
+                    else session.run_sync(sent.prompt if sent is not None else "")
+                )
                 with contextlib.closing(stage):  # an error mid-run still closes its loop
                     for ev in stage:
                         out.event(ev)
@@ -289,3 +297,12 @@ def _summary(events: list[Event]) -> dict[str, Any]:
         "line": line,
         "answer": answer,
     }
+
+
+def _attached(prompt: str, setup: Setup) -> Expansion:
+    """The prompt with its ``@path`` files and image paths attached (docs/attachments.md)."""
+    from kiso.cli.attach import expand
+    from kiso.providers.registry import supports_images
+
+    name = setup.agent.adapter.model
+    return expand(prompt, setup.workspace, vision=supports_images(name), model=name)

@@ -434,6 +434,17 @@ class Repl:
     async def run_prompt(self, text: str, *, echo: bool = True) -> None:
         if echo:
             await self.screen.show(prompt_echo(text))
+        from kiso.cli.attach import AttachmentError, expand
+        from kiso.providers.registry import supports_images
+
+        try:
+            vision = supports_images(self.model)
+            sent = expand(text, self.setup.workspace, vision=vision, model=self.model)
+        except AttachmentError as exc:
+            await self.screen.show(warning_text(str(exc)))
+            return
+        for line in sent.notes:
+            await self.screen.show(Text(line, style="dim"))
         session = await self.open()
         if session is None:
             return
@@ -444,7 +455,7 @@ class Repl:
                     warning_text("the open run still waits for an answer; it was asked again")
                 )
                 return
-        await self.drive(session.run(text))
+        await self.drive(session.run(sent.prompt))
 
     # ------------------------------------------------------------------ run events
 

@@ -84,12 +84,13 @@ def _parse_log(data: bytes, path: str, session_id: str | None) -> SessionLog:
         raise CorruptLogError(path, line, "not UTF-8 text", session_id=session_id) from None
     # One call into the C scanner per line, which must end exactly at its newline: as strict as
     # json.loads on each line (stricter: no surrounding whitespace) and cheaper than splitting.
-    scan = _SCANNER
+    scan, find = _SCANNER, text.find
     number = 1  # the line being read
+    pos = 0  # where it starts
     try:
         obj, stop = scan(text, 0)
-        if text[stop] != "\n":
-            raise json.JSONDecodeError("extra data after the JSON value", text, stop)
+        if text[stop] != "\n" or find("\n", 0, stop) >= 0:
+            raise _beyond(text, 0, stop)
         header = header_from_json(obj)
         if session_id is not None and header.id != session_id:
             raise CorruptLogError(
@@ -109,8 +110,8 @@ def _parse_log(data: bytes, path: str, session_id: str | None) -> SessionLog:
         while pos < size:
             number += 1
             obj, stop = scan(text, pos)
-            if text[stop] != "\n":
-                raise json.JSONDecodeError("extra data after the JSON value", text, stop)
+            if text[stop] != "\n" or find("\n", pos, stop) >= 0:
+                raise _beyond(text, pos, stop)
             event = parse(obj)
             if event.seq != number - 1:
                 raise CorruptLogError(
@@ -138,14 +139,11 @@ def _parse_log(data: bytes, path: str, session_id: str | None) -> SessionLog:
                     )
             append(event)
             pos = stop + 1
-    except StopIteration:
-        raise CorruptLogError(
-            path, number, "not valid JSON (no value at column 1)", session_id=session_id
-        ) from None
+    except StopIteration as exc:  # no value where one must start: exc.value is where
+        reason = _json_reason(text, pos, exc.value, "Expecting value")
+        raise CorruptLogError(path, number, reason, session_id=session_id) from None
     except json.JSONDecodeError as exc:
-        column = exc.pos - (text.rfind("\n", 0, exc.pos) + 1) + 1
-        what = exc.msg.removesuffix(" at")  # "Invalid control character at"
-        reason = f"not valid JSON ({what} at column {column})"
+        reason = _json_reason(text, pos, exc.pos, exc.msg)
         raise CorruptLogError(path, number, reason, session_id=session_id) from None
     except EventError as exc:
         raise CorruptLogError(
@@ -159,6 +157,28 @@ def _parse_log(data: bytes, path: str, session_id: str | None) -> SessionLog:
 
 
 _SCANNER = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _beyond(text: str, start: int, stop: int) -> json.JSONDecodeError:
+    """The value read from ``start`` ended at ``stop``: not at its line's end, or past it."""
+    end = text.find("\n", start)
+    if stop < end:
+        return json.JSONDecodeError("extra data after the JSON value", text, stop)
+    return json.JSONDecodeError("the value goes on past the end of the line", text, end + 1)
+
+
+def _json_reason(text: str, start: int, index: int, message: str) -> str:
+    """Why the line starting at ``start`` is not JSON, with the column on *that* line.
+
+    The scanner skips whitespace, newlines included, so an unfinished value (a missing ``}``, a
+    torn record in the middle of the file) fails on a later line; the column is then this line's
+    end, where its value was cut off.
+    """
+    end = text.find("\n", start)
+    if index > end:
+        return f"not valid JSON (the line ends at column {end - start + 1} inside its value)"
+    what = message.removesuffix(" at")  # "Invalid control character at"
+    return f"not valid JSON ({what} at column {index - start + 1})"
 
 
 def _fsync_dir(path: Path) -> None:

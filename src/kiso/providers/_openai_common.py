@@ -2,7 +2,9 @@
 
 The client. Each ``stream()`` opens its own ``openai.AsyncOpenAI`` (``max_retries=0``: the runtime
 retries) and closes it when the stream ends, however it ends, so a client never outlives the
-event loop it ran on (``Session.run_sync`` runs a fresh loop per call). A caller that passes
+event loop it ran on (``Session.run_sync`` runs a fresh loop per call); the async generators the
+SDK abandons inside a stream are closed before the stream ends (:mod:`kiso.providers._closing`),
+so no task is left pending when that loop closes. A caller that passes
 ``http_client`` owns it: it is reused across turns (keep-alive) and never closed here. The key is
 sent exactly as configured (``api_key or "no-key"``): the ``Authorization`` header is pinned, so
 neither ``OPENAI_API_KEY`` nor ``OPENAI_CUSTOM_HEADERS`` in the environment can replace it
@@ -15,7 +17,8 @@ given the status that code stands for and then mapped by :func:`kiso.providers.e
 =========================================================  ======  ====================
 code or type in the stream                                 status  becomes
 =========================================================  ======  ====================
-context_length_exceeded (or a message saying so)           400     context_overflow
+context_length_exceeded, exceed_context_size_error (or a   400     context_overflow
+message saying so: :mod:`kiso.providers.errors`)
 invalid_request_error, invalid_*, bad_request, image_*     400     invalid_request
 authentication_error, invalid_api_key, unauthorized        401     auth
 permission_error, permission_denied                        403     auth
@@ -55,6 +58,7 @@ __all__ = [
 
 _CODE_STATUS = {
     "context_length_exceeded": 400,
+    "exceed_context_size_error": 400,  # llama.cpp's server
     "invalid_request_error": 400,
     "bad_request": 400,
     "authentication_error": 401,
@@ -99,9 +103,7 @@ def error_from_code(codes: tuple[Any, ...], message: str, provider: str) -> Prov
         status = _status_for(name)
         if status is None:
             continue
-        if name.strip().lower() == "context_length_exceeded" and not is_context_overflow(message):
-            message = f"{message} (context_length_exceeded)"
-        return from_status(status, message, provider=provider)
+        return from_status(status, message, provider=provider, codes=tuple(names))
     if is_context_overflow(message):
         return from_status(400, message, provider=provider)
     detail = f" ({', '.join(names)})" if names else ""

@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +90,7 @@ from kiso.kernel import TextBlock, ThinkingBlock, ToolCall, Usage, UsageError
 from kiso.kernel.events import AssistantBlock
 from kiso.providers import errors
 from kiso.providers._anthropic_wire import build_params
+from kiso.providers._closing import finish_closing, released, sdk_items
 from kiso.providers.base import (
     ModelRequest,
     ProviderError,
@@ -189,23 +191,25 @@ class AnthropicAdapter:
             client = self._shared
         turn = _Turn(self.model, self.provider)
         try:
-            try:
-                response = await client.messages.create(stream=True, **params)
-                async with response:
-                    async for event in response:
-                        out = turn.feed(event)
-                        if out is not None:
-                            yield out
-                        if turn.ended:
-                            break
-            except ProviderError:
-                raise
-            except Exception as exc:
-                raise _map_error(exc, self.provider) from exc
-            yield turn.finish()
+            events = sdk_items(lambda: client.messages.create(stream=True, **params))
+            async with aclosing(events):
+                async for event in events:
+                    out = turn.feed(event)
+                    if out is not None:
+                        yield out
+                    if turn.ended:
+                        break
+        except ProviderError:
+            raise
+        except Exception as exc:
+            raise _map_error(released(exc), self.provider) from exc
         finally:
-            if owned:
-                await client.close()
+            try:
+                if owned:
+                    await client.close()
+            finally:
+                await finish_closing()  # what the SDK left suspended, closed on this loop now
+        yield turn.finish()
 
 
 def _map_error(exc: Exception, provider: str) -> ProviderError:

@@ -61,6 +61,7 @@ stream) is mapped by :mod:`kiso.providers.errors` (see :mod:`kiso.providers._ope
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -76,6 +77,7 @@ from kiso.kernel import (
     Usage,
 )
 from kiso.kernel.events import AssistantBlock
+from kiso.providers._closing import finish_closing, released, sdk_items
 from kiso.providers._openai_common import (
     OpenAIBase,
     dumps_arguments,
@@ -135,17 +137,17 @@ class OpenAICompatAdapter(OpenAIBase):
         turn = _Turn()
         try:
             async with self.client() as client:
-                chunks = await client.chat.completions.create(**params)
-                try:
+                chunks = sdk_items(lambda: client.chat.completions.create(**params))
+                async with aclosing(chunks):
                     async for chunk in chunks:
                         for event in turn.feed(chunk):
                             yield event
-                finally:
-                    await chunks.close()
         except ProviderError:
             raise
         except Exception as exc:
-            raise map_exception(exc, self.provider) from exc
+            raise map_exception(released(exc), self.provider) from exc
+        finally:
+            await finish_closing()  # what the SDK left suspended, closed on this loop now
         yield turn.done(self.provider, self.model)
 
 

@@ -54,6 +54,7 @@ reported), ``output`` = output_tokens, ``cache_write`` None. No usage: all None.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,7 @@ from kiso.kernel import (
     Usage,
 )
 from kiso.kernel.events import AssistantBlock
+from kiso.providers._closing import finish_closing, released, sdk_items
 from kiso.providers._openai_common import (
     OpenAIBase,
     dumps_arguments,
@@ -121,19 +123,19 @@ class OpenAIResponsesAdapter(OpenAIBase):
         turn = _Turn(self.provider)
         try:
             async with self.client() as client:
-                events = await client.responses.create(**params)
-                try:
+                events = sdk_items(lambda: client.responses.create(**params))
+                async with aclosing(events):
                     async for event in events:
                         for item in turn.feed(event):
                             yield item
                         if turn.ended:
                             break
-                finally:
-                    await events.close()
         except ProviderError:
             raise
         except Exception as exc:
-            raise map_exception(exc, self.provider) from exc
+            raise map_exception(released(exc), self.provider) from exc
+        finally:
+            await finish_closing()  # what the SDK left suspended, closed on this loop now
         yield turn.done(self.model)
 
 

@@ -361,7 +361,25 @@ def _sync(agen: AsyncIterator[RunEvent]) -> Generator[RunEvent, None, None]:
             except StopAsyncIteration:
                 return
     finally:
-        aclose = getattr(agen, "aclose", None)
-        if aclose is not None:
-            loop.run_until_complete(aclose())
+        try:
+            aclose = getattr(agen, "aclose", None)
+            if aclose is not None:
+                loop.run_until_complete(aclose())
+        finally:
+            _shutdown(loop)
+
+
+def _shutdown(loop: asyncio.AbstractEventLoop) -> None:
+    """Close ``loop`` as ``asyncio.run`` does: cancel what is still pending, finish the async
+    generators (an SDK's stream readers), then close it, so nothing is left to be destroyed
+    pending."""
+    try:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+    finally:
         loop.close()
