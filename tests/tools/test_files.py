@@ -398,10 +398,10 @@ def test_a_failed_atomic_write_leaves_the_file_and_no_temp(
     target = ctx.workspace / "keep.txt"
     target.write_text("original")
 
-    def broken_replace(src: object, dst: object) -> None:
+    def broken_rename(src: object, dst: object, **_: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "replace", broken_replace)
+    monkeypatch.setattr(os, "rename", broken_rename)
     result = call(WRITE_FILE, ctx, path="keep.txt", content="new content")
     assert result.is_error
     assert "No space left on device" in result.content

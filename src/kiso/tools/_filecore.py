@@ -9,23 +9,39 @@ bad input and refused paths are ``invalid_input``, a stale ``expectedRevision`` 
 A file's revision is the first 16 hex digits of the SHA-256 of its bytes. read_file, write_file and
 edit_file end their result with ``[rev:<revision>]``; edit_file refuses to write when it is given
 an ``expectedRevision`` that no longer matches, so an edit is never made against stale text.
-Writes are atomic (:func:`kiso.tools.atomic.atomic_write`): a temporary file in the same
-directory, fsync, ``os.replace``, fsync of the directory. A reader sees the old bytes or the new,
-never a mix, and a crash leaves one or the other.
+Paths are *used* through directory file descriptors opened beneath the workspace root
+(:func:`kiso.tools.paths.open_beneath` and friends): a directory swapped for a symlink between
+the check and the use is refused, never followed, and the kind of a file is checked on the fd it
+was opened as (``O_NONBLOCK``: a FIFO never blocks a read; FIFOs, devices and sockets are refused).
+Writes are atomic (:func:`kiso.tools.atomic.atomic_write_at`): a temporary file inside the opened
+directory, fsync, a rename by directory fds, fsync of the directory. A reader sees the old bytes
+or the new, never a mix, and a crash leaves one or the other. A write replaces the file (a hard
+link to a file elsewhere is not written through) and drops setuid/setgid bits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import hashlib
-from collections.abc import Callable
+import os
+import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from kiso.tools.atomic import atomic_write
 from kiso.tools.base import ToolContext, ToolResult
-from kiso.tools.paths import PathOutsideWorkspace, display_path, resolve_in_workspace
+from kiso.tools.paths import (
+    PathOutsideWorkspace,
+    SpecialFile,
+    display_path,
+    file_kind,
+    open_parent,
+    open_regular,
+    resolve_in_workspace,
+)
 
 __all__ = [
     "SKIPPED_DIRS",
@@ -37,7 +53,11 @@ __all__ = [
     "int_arg",
     "line_text",
     "looks_binary",
+    "open_text",
+    "parent_dir",
     "plural",
+    "read_at",
+    "real_root",
     "regular_file",
     "revision",
     "str_arg",
@@ -94,6 +114,8 @@ def guarded(body: Body) -> Callable[[dict[str, Any], ToolContext], ToolResult]:
             return ToolResult(str(exc), is_error=True, error_kind=exc.kind)
         except PathOutsideWorkspace as exc:
             return ToolResult(str(exc), is_error=True, error_kind="invalid_input")
+        except SpecialFile as exc:
+            return ToolResult(_special_message(ctx, exc), is_error=True, error_kind="invalid_input")
         except OSError as exc:
             return ToolResult(_os_error_message(exc), is_error=True, error_kind=_os_error_kind(exc))
 
@@ -115,7 +137,26 @@ def _os_error_kind(exc: OSError) -> str:
     return "fatal"
 
 
+def _special_message(ctx: ToolContext, exc: SpecialFile) -> str:
+    shown = exc.filename if isinstance(exc.filename, str) else "the path"
+    return (
+        f"{shown} is {exc.kind}, not a regular file; it was not read or written (a FIFO would "
+        f"block, a device can stream without end)"
+    )
+
+
 def _os_error_message(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        link = Path(exc.filename).name if isinstance(exc.filename, str) else "a path component"
+        return (
+            f"{link}: a symbolic link on the way loops (it leads back to itself); remove it or "
+            f"point it at a real file. Nothing was changed"
+        )
+    if exc.errno == errno.ENAMETOOLONG:
+        return (
+            "a name in the path is too long (at most 255 bytes per name and 4,096 per path); "
+            "choose a shorter name. Nothing was changed"
+        )
     reason = exc.strerror or str(exc)
     name = Path(exc.filename).name if isinstance(exc.filename, str) else None
     where = f" ({name})" if name else ""
@@ -168,6 +209,11 @@ def existing(ctx: ToolContext, raw: str) -> Path:
     try:
         return resolve_in_workspace(ctx.workspace, raw, must_exist=True)
     except FileNotFoundError:
+        if os.path.islink(resolve_in_workspace(ctx.workspace, raw)):  # left unresolved: a loop
+            raise Refused(
+                f"{raw!r} is a symbolic link that loops (it leads back to itself); remove it or "
+                f"point it at a real file"
+            ) from None
         raise Refused(
             f"{raw!r} does not exist in the workspace; use list_dir or search_text to find the "
             f"right path"
@@ -183,6 +229,57 @@ def regular_file(ctx: ToolContext, raw: str) -> tuple[Path, str]:
     if not target.is_file():
         raise Refused(f"{shown} is not a regular file (a device, pipe or socket); it was not read")
     return target, shown
+
+
+def real_root(ctx: ToolContext) -> str:
+    """The real (symlink-free) workspace root every fd walk starts from."""
+    return os.path.realpath(ctx.workspace)
+
+
+@contextlib.contextmanager
+def open_text(ctx: ToolContext, target: Path, shown: str) -> Iterator[BinaryIO]:
+    """``target`` (resolved, a regular file) opened beneath the workspace for reading in binary
+    mode, its kind checked on the fd (a FIFO, device or socket is refused, never read)."""
+    try:
+        fd, _st = open_regular(real_root(ctx), target, shown)
+    except IsADirectoryError:
+        raise Refused(f"{shown} is a directory; use list_dir to list it") from None
+    except SpecialFile as exc:
+        raise Refused(f"{shown} is not a regular file ({exc.kind}); it was not read") from None
+    with os.fdopen(fd, "rb") as fh:
+        yield fh
+
+
+@contextlib.contextmanager
+def parent_dir(
+    ctx: ToolContext, target: Path, *, create: bool = False
+) -> Iterator[tuple[int, str]]:
+    """The directory holding ``target``, opened beneath the workspace (missing directories made
+    first with ``create``), and ``target``'s name in it."""
+    dir_fd, name = open_parent(real_root(ctx), target, create=create)
+    try:
+        yield dir_fd, name
+    finally:
+        os.close(dir_fd)
+
+
+def read_at(dir_fd: int, name: str, shown: str) -> bytes:
+    """The bytes of the regular file ``name`` in the opened directory ``dir_fd`` (never through
+    a symlink; a FIFO, device or socket is refused)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise Refused(f"{shown} is not a regular file (a socket); it was not read") from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if stat.S_ISDIR(mode):
+            raise Refused(f"{shown} is a directory; use list_dir to list it")
+        if not stat.S_ISREG(mode):
+            raise Refused(f"{shown} is not a regular file ({file_kind(mode)}); it was not read")
+        return fh.read()
 
 
 def plural(count: int, one: str, many: str) -> str:

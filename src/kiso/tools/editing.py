@@ -9,15 +9,17 @@ from kiso.tools._filecore import (
     _DIFF_BUDGET,
     EDIT_MAX_EDITS,
     Refused,
-    atomic_write,
     guarded,
     looks_binary,
+    parent_dir,
+    read_at,
     regular_file,
     revision,
     str_arg,
 )
+from kiso.tools.atomic import atomic_write_at
 from kiso.tools.base import Effects, Tool, ToolContext, define_tool
-from kiso.tools.paths import display_path, resolve_in_workspace
+from kiso.tools.paths import display_path, refuse_symlink_at, resolve_in_workspace
 
 __all__ = ["EDIT_FILE", "WRITE_FILE"]
 
@@ -71,13 +73,16 @@ def _write_file(input: dict[str, Any], ctx: ToolContext) -> str:
         raise Refused(f"{shown} is not a regular file (a device, pipe or socket); not written")
     data = _encode(content, "content")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        with parent_dir(ctx, target, create=True) as (dir_fd, name):
+            refuse_symlink_at(dir_fd, name, shown)
+            atomic_write_at(dir_fd, name, data)
     except (FileExistsError, NotADirectoryError):
         raise Refused(
             f"cannot create the directory for {shown}: a file is in the way of "
             f"{display_path(ctx.workspace, target.parent)}; choose another path"
         ) from None
-    atomic_write(target, data)
+    except IsADirectoryError:
+        raise Refused(f"{shown} is a directory; give the path of a file inside it") from None
     return f"wrote {len(data)} bytes to {shown} [rev:{revision(data)}]"
 
 
@@ -243,7 +248,22 @@ def _edit_file(input: dict[str, Any], ctx: ToolContext) -> str:
     if expected is not None and not expected.strip():
         expected = None  # a blank revision is no revision
     target, shown = regular_file(ctx, raw)
-    data = target.read_bytes()
+    # Read and write through one directory fd: the file edited is the file read.
+    with parent_dir(ctx, target) as (dir_fd, name):
+        return _edit_at(
+            dir_fd, name, shown, data=read_at(dir_fd, name, shown), edits=edits, expected=expected
+        )
+
+
+def _edit_at(
+    dir_fd: int,
+    name: str,
+    shown: str,
+    *,
+    data: bytes,
+    edits: list[tuple[str, str]],
+    expected: str | None,
+) -> str:
     current = revision(data)
     if expected is not None and (wanted := _normal_revision(expected)) != current:
         raise Refused(
@@ -263,7 +283,7 @@ def _edit_file(input: dict[str, Any], ctx: ToolContext) -> str:
         text = _apply(text, old, new, where)
     added, removed = _line_delta(original, text)
     new_data = _encode(text, "the edited text")
-    atomic_write(target, new_data)
+    atomic_write_at(dir_fd, name, new_data)
     count = f"{len(edits)} edit{'s' if len(edits) != 1 else ''}"
     return f"edited {shown}: {count}, +{added} -{removed} lines [rev:{revision(new_data)}]"
 

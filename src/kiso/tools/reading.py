@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
@@ -31,12 +33,20 @@ from kiso.tools._filecore import (
     int_arg,
     line_text,
     looks_binary,
+    open_text,
     plural,
+    real_root,
     regular_file,
     str_arg,
 )
 from kiso.tools.base import Effects, Tool, ToolContext, define_tool
-from kiso.tools.paths import PathOutsideWorkspace, display_path, resolve_in_workspace
+from kiso.tools.paths import (
+    PathOutsideWorkspace,
+    display_path,
+    open_beneath,
+    open_dir_beneath,
+    resolve_in_workspace,
+)
 
 __all__ = ["LIST_DIR", "READ_FILE", "SEARCH_TEXT"]
 
@@ -87,7 +97,7 @@ def _read_file(input: dict[str, Any], ctx: ToolContext) -> str:
     digest = hashlib.sha256()
     window: list[str] = []
     count = 0
-    with target.open("rb") as fh:
+    with open_text(ctx, target, shown) as fh:
         if looks_binary(fh.read(BINARY_SNIFF)):
             raise Refused(f"{shown} is a binary file (it contains NUL bytes); it was not read")
         fh.seek(0)
@@ -168,10 +178,14 @@ class _Node:
     children: list[_Node] = field(default_factory=list)
 
 
-def _scan(directory: Path, depth: int, max_depth: int) -> tuple[list[_Node], bool]:
-    """The sorted entries of ``directory`` (recursing up to ``max_depth``) and its readability."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _scan(dir_fd: int, depth: int, max_depth: int) -> tuple[list[_Node], bool]:
+    """The sorted entries of the opened directory ``dir_fd`` (recursing, by fds that never
+    follow a symlink, up to ``max_depth``) and its readability."""
     try:
-        with os.scandir(directory) as it:
+        with os.scandir(dir_fd) as it:
             entries = sorted(it, key=lambda entry: entry.name)
     except OSError:
         return [], False
@@ -179,7 +193,7 @@ def _scan(directory: Path, depth: int, max_depth: int) -> tuple[list[_Node], boo
     for entry in entries:
         if entry.is_symlink():
             try:
-                target = os.readlink(entry.path)
+                target = os.readlink(entry.name, dir_fd=dir_fd)
             except OSError:
                 target = "?"
             nodes.append(_Node(f"{entry.name} -> {target}", depth))
@@ -188,9 +202,17 @@ def _scan(directory: Path, depth: int, max_depth: int) -> tuple[list[_Node], boo
             if entry.name in SKIPPED_DIRS:
                 node.label += " [not expanded]"
             elif depth < max_depth:
-                node.children, readable = _scan(Path(entry.path), depth + 1, max_depth)
-                if not readable:
+                try:
+                    sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
+                except OSError:
                     node.label += " [unreadable]"
+                else:
+                    try:
+                        node.children, readable = _scan(sub, depth + 1, max_depth)
+                    finally:
+                        os.close(sub)
+                    if not readable:
+                        node.label += " [unreadable]"
             nodes.append(node)
         else:
             nodes.append(_Node(entry.name, depth))
@@ -210,7 +232,16 @@ def _list_dir(input: dict[str, Any], ctx: ToolContext) -> str:
     shown = display_path(ctx.workspace, target)
     if not target.is_dir():
         raise Refused(f"{shown} is a file, not a directory; use read_file to read it")
-    nodes, readable = _scan(target, 1, depth)
+    try:
+        dir_fd = open_dir_beneath(real_root(ctx), target)
+    except PermissionError:
+        raise Refused(
+            f"{shown} cannot be read (permission denied); list another directory"
+        ) from None
+    try:
+        nodes, readable = _scan(dir_fd, 1, depth)
+    finally:
+        os.close(dir_fd)
     if not readable:
         raise Refused(f"{shown} cannot be read (permission denied); list another directory")
     ordered = list(_preorder(nodes))
@@ -321,27 +352,44 @@ def _glob_matches(globs: list[str], rel: str) -> bool:
     return False
 
 
-def _search_files(ctx: ToolContext, top: Path) -> Iterator[tuple[str, Path]]:
-    """(shown path, real path) of the regular files under ``top``, in sorted order.
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+Opener = Callable[[], int]
+"""Opens one file to search (an fd), or raises OSError."""
+
+
+def _search_files(ctx: ToolContext, top: Path) -> Iterator[tuple[str, Opener]]:
+    """(shown path, opener) of the files under ``top``, in sorted order, walked by directory
+    fds beneath the workspace (a directory swapped for a symlink is never entered).
 
     SKIPPED_DIRS are not entered, symlinked directories are not followed, and a symlinked file is
     searched (under its own name) only when its target is inside the workspace.
     """
+    root = real_root(ctx)
     if not top.is_dir():
-        yield display_path(ctx.workspace, top), top
+        yield display_path(ctx.workspace, top), lambda: open_beneath(root, top, _FILE_FLAGS)
         return
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            shown = display_path(ctx.workspace, path)
-            if path.is_symlink():
+    top_fd = open_dir_beneath(root, top)
+    try:
+        for dirpath, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=top_fd):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
+            for name in sorted(filenames):
+                path = Path(os.path.normpath(os.path.join(top, dirpath, name)))
+                shown = display_path(ctx.workspace, path)
                 try:
-                    path = resolve_in_workspace(ctx.workspace, str(path), must_exist=True)
-                except (PathOutsideWorkspace, FileNotFoundError):
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except OSError:
                     continue
-            if path.is_file():
-                yield shown, path
+                if stat.S_ISLNK(st.st_mode):
+                    try:
+                        real = resolve_in_workspace(ctx.workspace, str(path), must_exist=True)
+                    except (PathOutsideWorkspace, OSError):
+                        continue
+                    yield shown, functools.partial(open_beneath, root, real, _FILE_FLAGS)
+                elif stat.S_ISREG(st.st_mode):
+                    yield shown, functools.partial(os.open, name, _FILE_FLAGS, dir_fd=dir_fd)
+    finally:
+        os.close(top_fd)
 
 
 def _clip(text: str, start: int) -> str:
@@ -353,12 +401,21 @@ def _clip(text: str, start: int) -> str:
     return f"{'[...]' if begin else ''}{text[begin:end]}{'[...]' if end < len(text) else ''}"
 
 
-def _search_one(path: Path, rel: str, regex: re.Pattern[str], limit: int, tally: _Tally) -> None:
+def _search_one(
+    opener: Opener, rel: str, regex: re.Pattern[str], limit: int, tally: _Tally
+) -> None:
     try:
-        if path.stat().st_size > SEARCH_MAX_FILE_BYTES:
-            tally.large_skipped += 1
-            return
-        with path.open("rb") as fh:
+        fh = os.fdopen(opener(), "rb")
+    except OSError:
+        return  # unreadable files are skipped like binary ones
+    try:
+        with fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return  # FIFOs, devices and sockets are never read
+            if st.st_size > SEARCH_MAX_FILE_BYTES:
+                tally.large_skipped += 1
+                return
             if looks_binary(fh.read(BINARY_SNIFF)):
                 tally.binary_skipped += 1
                 return
@@ -400,9 +457,9 @@ def _search_text(input: dict[str, Any], ctx: ToolContext) -> str:
         raise Refused(f"{shown} is not a regular file or a directory; it cannot be searched")
     globs = _expand_braces(glob) if glob else None
     tally = _Tally()
-    for rel, path in _search_files(ctx, top):
+    for rel, opener in _search_files(ctx, top):
         if globs is None or _glob_matches(globs, rel):
-            _search_one(path, rel, regex, limit, tally)
+            _search_one(opener, rel, regex, limit, tally)
     skipped = []
     if tally.binary_skipped:
         skipped.append(f"{plural(tally.binary_skipped, 'binary file', 'binary files')} skipped")
