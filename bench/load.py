@@ -6,6 +6,10 @@ keeps them in a list, as anything that loads a log must, and pays the garbage co
 we do. Ours validates every field of every event, checks seq contiguity, builds the frozen events,
 projects the model's messages and plans the next action, the way a resume does it: one fold of
 the log (kiso.kernel.replay) gives both. Target: at most 2x the strict floor.
+
+The ``load-sql`` row loads the same session from ``SqlSessionStore`` (SQLite): one query for the
+rows, the lines joined back and validated by the same loader, then the same fold; shown against
+the JSONL load and the strict floor. Reported, not judged.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.sessions import session_events
 from bench.timing import compare, verdict
-from kiso.kernel import JsonlSessionStore, project, replay
+from kiso.kernel import Event, JsonlSessionStore, project, replay
 from kiso.kernel.recovery import plan_replay
 
 TARGET = 2.0
@@ -66,6 +71,7 @@ def run(n: int, repeats: int) -> dict[str, float]:
         _, t_kept = compare(ours, floor_kept, max(1, repeats // 2))
         log = store.load(sid)
         messages = len(project(log.events))
+        t_sql = run_sql(root, log.events, ours, repeats)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ratio = t_ours / t_floor
@@ -75,6 +81,10 @@ def run(n: int, repeats: int) -> dict[str, float]:
         f"  (target <= {TARGET}x: {verdict(ratio, TARGET)});"
         f" vs json.loads keeping the lines ({t_kept:.2f} s): {t_ours / t_kept:4.2f}x"
     )
+    print(
+        f"load-sql {n:>7,} events: ours {t_sql:6.2f} s  vs the JSONL load {t_sql / t_ours:4.2f}x"
+        f"  vs the strict floor {t_sql / t_floor:4.2f}x"
+    )
     return {
         "events": n,
         "bytes": size,
@@ -83,7 +93,32 @@ def run(n: int, repeats: int) -> dict[str, float]:
         "floor_kept_s": t_kept,
         "ratio": ratio,
         "ratio_kept": t_ours / t_kept,
+        "sql_s": t_sql,
+        "sql_ratio_jsonl": t_sql / t_ours,
     }
+
+
+def run_sql(root: Path, events: Sequence[Event], jsonl: Callable[[], None], repeats: int) -> float:
+    """Seconds to load + fold the same session from the SQL store (median, alternated with the
+    JSONL load ``jsonl``)."""
+    from kiso.kernel.sql import SqlSessionStore, create_schema
+
+    store = SqlSessionStore(f"sqlite:///{root / 'sessions.db'}")
+    try:
+        create_schema(store.engine)
+        with store.create(root / "ws") as w:
+            sid = w.id
+            for start in range(0, len(events), 1000):
+                w.append(*events[start : start + 1000])
+
+        def ours() -> None:
+            log = store.load(sid)
+            plan_replay(replay(log.events))
+
+        t_sql, _ = compare(ours, jsonl, repeats)
+    finally:
+        store.close()
+    return t_sql
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,7 +4,12 @@ Everything an agent did is a pure function of its session log. This package owns
 closed event union, the JSONL and in-memory stores, the single-writer lock) and the pure functions
 over it: :func:`project` (the model's messages) and :func:`plan` (the one next action after a
 crash). It imports nothing else of kiso's and does no I/O but the log's own.
+
+:class:`SqlSessionStore` (:mod:`kiso.kernel.sql`) is imported on first use, so that importing the
+kernel never imports SQLAlchemy.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from kiso.kernel.errors import (
     Aborted,
@@ -87,6 +92,18 @@ from kiso.kernel.recovery import (
 from kiso.kernel.replay import replay
 from kiso.kernel.store import SessionLog, SessionStore, SessionWriter
 
+if TYPE_CHECKING:
+    from kiso.kernel.sql import SqlSessionStore
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SqlSessionStore":  # lazily: SQLAlchemy is heavy
+        from kiso.kernel.sql import SqlSessionStore
+
+        return SqlSessionStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "SCHEMA_VERSION",
     "Aborted",
@@ -137,6 +154,7 @@ __all__ = [
     "SessionStore",
     "SessionWriter",
     "SettingChanged",
+    "SqlSessionStore",
     "StoreError",
     "TextBlock",
     "ThinkingBlock",
