@@ -12,6 +12,7 @@ skipped / applied, read-only and idempotent tools) is kiso's: :mod:`kiso.kernel.
 
 from kiso import __version__
 from kyronix.errors import (
+    ExecutionRunningError,
     KmlError,
     KyronixError,
     KyronixRefusedError,
@@ -31,6 +32,7 @@ from kyronix.errors import (
 )
 
 __all__ = [
+    "ExecutionRunningError",
     "KmlError",
     "KyronixError",
     "KyronixRefusedError",

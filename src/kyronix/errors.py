@@ -16,6 +16,7 @@
      |         +-- ReceiptConflict *   the executionId already names a different call
      |         +-- UnknownExecutionError  no receipt for that executionId (also a KeyError)
      |         +-- NotUncertainError   resolve() on an execution that is not uncertain
+     |         +-- ExecutionRunningError  resolve() on an execution a live process still runs
      +-- KyronixRunError               an operation could not go on
      |    +-- ReceiptStoreError        the receipt store cannot be opened or written
      |                                 (also a RuntimeError)
@@ -47,6 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "ExecutionRunningError",
     "KmlError",
     "KyronixError",
     "KyronixRefusedError",
@@ -150,6 +152,12 @@ class UnknownExecutionError(ReceiptError, KeyError):
 
 class NotUncertainError(ReceiptError):
     """Only an uncertain execution (started, never finished) can be resolved."""
+
+
+class ExecutionRunningError(ReceiptError):
+    """The execution is still running: a live process (the executer that started it, or a
+    command it started) holds its liveness guard, so nobody can tell yet whether it applied. It
+    cannot be ruled on until it ends. ``details`` has ``executionId`` and ``pid``."""
 
 
 # -- run failures ------------------------------------------------------------------------------

@@ -16,10 +16,15 @@ Grammar (see the design note, "KML, version 1"):
   ``executionId`` is assigned (``exec_`` + 32 random hex digits, ``assigned=True``); a
   duplicate id is an error.
 - Each child element of a tool is one string argument; its text is raw (no entity decoding).
-  It ends at the first ``</name>`` that is followed, after optional whitespace, by another
-  argument's opening tag (``<x>`` or ``<x/>``) or by ``</tool>``. ``<![CDATA[...]]>`` sections
-  are unwrapped verbatim; a value made only of CDATA sections (and whitespace between them) is
-  exactly their concatenation, so ``]]]]><![CDATA[>`` splits rejoin.
+  It ends at the first ``</name>`` that is followed, after optional whitespace and comments, by
+  another argument's opening tag (``<x>`` or ``<x/>``) or by ``</tool>``. A ``<![CDATA[...]]>``
+  section is opaque to that search (a ``</name>`` inside it ends nothing). A value made only of
+  CDATA sections (and whitespace between them) is exactly their concatenation, so
+  ``]]]]><![CDATA[>`` splits rejoin; a CDATA section inside raw text is part of that text and
+  is kept verbatim, markers included (an SVG's ``<script><![CDATA[...]]></script>``).
+- XML comments (``<!-- ... -->``) between the envelope's children, between a tool's arguments,
+  and around the envelope are ignored; inside an argument's raw text they are text. A ``<tool``
+  or ``<kyronix`` inside a comment outside the envelope is not an element.
 - Block arguments (``content``, ``command``, ``body``): one line break right after the opening
   tag is dropped, and spaces/tabs after the last line break before the closing tag; everything
   else, including the final newline, is kept. Other arguments are stripped (``str.strip``).
@@ -60,6 +65,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _WS = re.compile(r"[ \t\r\n]*")
 _CDATA_OPEN = "<![CDATA["
 _CDATA_CLOSE = "]]>"
+_COMMENT_OPEN = "<!--"
+_COMMENT_CLOSE = "-->"
 _TAG_END = frozenset(" \t\r\n>/")
 
 
@@ -107,7 +114,8 @@ _Segments = list[tuple[bool, str]]
 def _assemble(segments: _Segments, block: bool) -> str:
     if any(c for c, _ in segments) and all(c or not s.strip() for c, s in segments):
         return "".join(s for c, s in segments if c)
-    parts = [s for _, s in segments]
+    # Raw text with CDATA inside it: the sections are part of the text, markers and all.
+    parts = [_CDATA_OPEN + s + _CDATA_CLOSE if c else s for c, s in segments]
     last = len(parts) - 1
     if block:
         if not segments[last][0]:
@@ -129,24 +137,66 @@ def _assemble(segments: _Segments, block: bool) -> str:
     return "".join(parts)
 
 
+class _Next:
+    """``text.find(needle, pos)`` for positions that only move forward: one search serves every
+    later query up to the match it found, so a scan asks for each stretch of text once."""
+
+    __slots__ = ("_at", "_from", "needle", "text")
+
+    def __init__(self, text: str, needle: str) -> None:
+        self.text = text
+        self.needle = needle
+        self._at = -2  # the first match at or after _from (-1: none)
+        self._from = 0
+
+    def at(self, pos: int) -> int:
+        if self._at == -2 or pos < self._from or 0 <= self._at < pos:
+            self._at = self.text.find(self.needle, pos)
+            self._from = pos
+        return self._at
+
+
 class _Scanner:
     def __init__(self, text: str) -> None:
         self.text = text
         self.n = len(text)
         self.ids: set[str] = set()
-        self._cdata_at = -2  # cached next "<![CDATA[" at or after _cdata_from (-1: none)
-        self._cdata_from = 0
+        self._cdata = _Next(text, _CDATA_OPEN)
+        self._comment_end = _Next(text, _COMMENT_CLOSE)
+        self._comments_close = True  # False once a "<!--" is known to have no "-->" after it
+        self._finders: dict[str, _Next] = {}
 
     def ws(self, pos: int) -> int:
         m = _WS.match(self.text, pos)
         return m.end() if m else pos
 
     def next_cdata(self, pos: int) -> int:
-        # Positions only move forward, so one cached answer serves every later query before it.
-        if self._cdata_at == -2 or pos < self._cdata_from or 0 <= self._cdata_at < pos:
-            self._cdata_at = self.text.find(_CDATA_OPEN, pos)
-            self._cdata_from = pos
-        return self._cdata_at
+        return self._cdata.at(pos)
+
+    def comment_end(self, start: int) -> int:
+        """The offset after the comment opening at ``start``, or -1 when it never closes."""
+        end = self._comment_end.at(start + len(_COMMENT_OPEN))
+        return end + len(_COMMENT_CLOSE) if end >= 0 else -1
+
+    def skip(self, pos: int) -> int:
+        """Past whitespace and complete comments; an unclosed comment is an error (truncated)."""
+        p = self.ws(pos)
+        while self.text.startswith(_COMMENT_OPEN, p):
+            end = self.comment_end(p)
+            if end < 0:
+                raise KmlError(self.n, _COMMENT_CLOSE, "truncated comment")
+            p = self.ws(end)
+        return p
+
+    def skip_quietly(self, pos: int) -> int:
+        """Past whitespace and complete comments; stops at an unclosed one (no error)."""
+        p = self.ws(pos)
+        while self.text.startswith(_COMMENT_OPEN, p):
+            end = self.comment_end(p)
+            if end < 0:
+                return p
+            p = self.ws(end)
+        return p
 
     # -- pieces -------------------------------------------------------------------------------
 
@@ -183,6 +233,8 @@ class _Scanner:
     def arg_end(self, after: int) -> bool:
         text = self.text
         p = self.ws(after)
+        if text.startswith(_COMMENT_OPEN, p):
+            p = self.skip_quietly(p)
         if text.startswith("</tool>", p):
             return True
         if p < self.n and text[p] == "<":
@@ -194,6 +246,7 @@ class _Scanner:
     def value(self, start: int, name: str, args: bool) -> tuple[_Segments, int]:
         """Scan a value from ``start``; return its segments and the offset after its close."""
         text, close = self.text, f"</{name}>"
+        cdata_at = self._cdata.at
         segments: _Segments = []
         seg = pos = start
         cand = text.find(close, pos)
@@ -201,7 +254,7 @@ class _Scanner:
         while True:
             if cand >= 0 and cand < pos:
                 cand = text.find(close, pos)
-            cd = self.next_cdata(pos)
+            cd = cdata_at(pos)
             if cd >= 0 and (cand < 0 or cd < cand):
                 body = cd + len(_CDATA_OPEN)
                 end = text.find(_CDATA_CLOSE, body)
@@ -220,7 +273,7 @@ class _Scanner:
             last_cand = after
             pos = after
         if last_cand >= 0:
-            p = self.ws(last_cand)
+            p = self.skip_quietly(last_cand)
             raise KmlError(p, "</tool>", f"after </{name}>: another argument or the tool's end")
         raise KmlError(self.n, close, "truncated")
 
@@ -241,6 +294,8 @@ class _Scanner:
         seen: set[str] = set()
         while True:
             p = self.ws(p)
+            if text.startswith(_COMMENT_OPEN, p):
+                p = self.skip(p)
             if p >= self.n:
                 raise KmlError(self.n, "</tool>", "truncated")
             if text.startswith("</tool>", p):
@@ -272,14 +327,27 @@ class _Scanner:
     # -- documents ----------------------------------------------------------------------------
 
     def find_tag(self, tag: str, pos: int) -> int:
-        """The next ``<tag`` followed by whitespace, ``>`` or ``/``, or -1."""
-        needle = "<" + tag
+        """The next ``<tag`` followed by whitespace, ``>`` or ``/``, outside complete comments,
+        or -1. (An unclosed ``<!--`` is prose: it hides nothing.)"""
+        needle, text = "<" + tag, self.text
+        tags = self._finders.get(needle)
+        if tags is None:
+            tags = self._finders[needle] = _Next(text, needle)
         while True:
-            i = self.text.find(needle, pos)
+            i = tags.at(pos)
             if i < 0:
                 return -1
+            # Only the stretch before the tag is searched for a comment, and the search moves
+            # past what it read: linear.
+            c = text.find(_COMMENT_OPEN, pos, i) if self._comments_close else -1
+            if c >= 0:
+                end = self.comment_end(c)
+                if end >= 0:
+                    pos = end
+                    continue
+                self._comments_close = False  # none closes after this one: none hides anything
             j = i + len(needle)
-            if j < self.n and self.text[j] in _TAG_END:
+            if j < self.n and text[j] in _TAG_END:
                 return i
             pos = j
 
@@ -302,11 +370,13 @@ class _Scanner:
         seen: set[str] = set()
         while True:
             p = self.ws(p)
+            if text.startswith(_COMMENT_OPEN, p):
+                p = self.skip(p)
             if p >= self.n:
                 raise KmlError(self.n, "</kyronix>", "truncated")
             if text.startswith("</kyronix>", p):
                 return root
-            if self.find_tag("tool", p) == p:
+            if text.startswith("<tool", p) and p + 5 < self.n and text[p + 5] in _TAG_END:
                 node, p = self.tool(p)
                 root["children"].append(node)
                 continue

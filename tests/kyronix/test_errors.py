@@ -12,6 +12,7 @@ import kyronix
 import kyronix.executer
 from kyronix import errors
 from kyronix.errors import (
+    ExecutionRunningError,
     KmlError,
     KyronixError,
     KyronixRefusedError,
@@ -52,6 +53,7 @@ TREE: list[tuple[type[KyronixError], type[KyronixError], type[Exception] | None]
     (ReceiptConflict, ReceiptError, ValueError),
     (UnknownExecutionError, ReceiptError, KeyError),
     (NotUncertainError, ReceiptError, ValueError),
+    (ExecutionRunningError, ReceiptError, ValueError),
     (ReceiptStoreError, KyronixRunError, RuntimeError),
     (SecurityError, KyronixRefusedError, None),
     (ToolFailure, KyronixSignal, None),

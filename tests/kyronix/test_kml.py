@@ -102,8 +102,76 @@ def test_cdata_verbatim_and_split_rejoined() -> None:
     assert tool.args["content"] == "\n keep \n"
     tool = one_tool("<path> <![CDATA[</path>]]> </path>")
     assert tool.args["path"] == "</path>"
+    # CDATA inside raw text is part of the text: kept verbatim, markers included
     tool = one_tool("<content>a <![CDATA[<b>]]> c\n  </content>")
-    assert tool.args["content"] == "a <b> c\n"
+    assert tool.args["content"] == "a <![CDATA[<b>]]> c\n"
+
+
+SVG = (
+    '<svg xmlns="http://www.w3.org/2000/svg">\n'
+    "  <script><![CDATA[\n    if (a < b && c) { go('</content>'); }\n  ]]></script>\n"
+    "</svg>\n"
+)
+
+
+def test_cdata_inside_raw_text_is_kept_verbatim() -> None:
+    """An SVG (or XHTML) file whose script is a CDATA section keeps its markers: they are part
+    of the file, not of the plan. Its ``</content>`` inside the section ends nothing."""
+    tool = one_tool(f"<path>icon.svg</path><content>\n{SVG}</content>")
+    assert tool.args == {"path": "icon.svg", "content": SVG}
+    # the same inside a scalar, a section, and with raw text only after the section
+    assert one_tool("<path>a<![CDATA[b]]></path>").args["path"] == "a<![CDATA[b]]>"
+    tail = one_tool("<content><![CDATA[x]]>tail</content>").args["content"]
+    assert tail == "<![CDATA[x]]>tail"
+    plan = parse("<kyronix><plan>see <![CDATA[<x>]]></plan></kyronix>")
+    assert plan.plan == "see <![CDATA[<x>]]>"
+    # and the serializer writes it back so that it reads the same
+    again = parse(serialize(parse(f"<tool name='w'><content>{SVG}</content></tool>")))
+    assert again.tools[0].args["content"] == SVG
+
+
+def test_comments_between_tools_and_around_the_envelope_are_ignored() -> None:
+    text = (
+        "<!-- the plan follows -->\n<kyronix>\n  <!-- first, the file -->\n"
+        "  <plan>p</plan> <!-- after the plan -->\n"
+        '  <tool name="write_file" executionId="w">\n    <!-- where -->\n'
+        "    <path>a.txt</path><!-- what --><content>x</content>\n  <!-- end --></tool>\n"
+        "  <!-- between --><!-- two -->\n"
+        '  <tool name="read_file" executionId="r"><path>a.txt</path></tool>\n'
+        "  <status>complete</status>\n<!-- last --></kyronix>\n<!-- trailing -->"
+    )
+    plan = parse(text)
+    assert [(t.name, t.args) for t in plan.tools] == [
+        ("write_file", {"path": "a.txt", "content": "x"}),
+        ("read_file", {"path": "a.txt"}),
+    ]
+    assert plan.plan == "p" and plan.status == "complete"
+    # bare tools, with comments between them
+    bare = parse("<!-- a --><tool name='a'/>\n<!-- b -->\n<tool name='b'></tool><!-- c -->")
+    assert [t.name for t in bare.tools] == ["a", "b"]
+
+
+def test_what_a_comment_holds_outside_the_envelope_is_not_kml() -> None:
+    hidden = "<!-- an example: <kyronix><tool name='rm'><path>x</path></tool></kyronix> -->\n"
+    assert [t.name for t in parse(hidden + "<kyronix><tool name='ok'/></kyronix>").tools] == ["ok"]
+    assert [t.name for t in parse("<!-- <tool name='no'/> --><tool name='ok'/>").tools] == ["ok"]
+    with pytest.raises(KmlError, match="no KML found"):
+        parse("<!-- <tool name='no'/> -->")
+    # An unclosed "<!--" in prose hides nothing (prose is not XML).
+    assert [t.name for t in parse("use <!-- for comments <tool name='ok'/>").tools] == ["ok"]
+
+
+def test_comments_in_raw_text_are_text_and_an_unclosed_one_is_an_error() -> None:
+    html = "<p>a</p>\n<!-- <b>note</b> -->\n"
+    assert one_tool(f"<content>{html}</content>").args["content"] == html
+    # a comment right after a closing tag inside the content does not end the argument early
+    tricky = "x</content><!-- y -->z"
+    assert one_tool(f"<content>{tricky}</content>").args["content"] == tricky
+    with pytest.raises(KmlError, match="truncated comment") as info:
+        parse("<kyronix><!-- never closed <tool name='a'/></kyronix>")
+    assert info.value.expected == "-->"
+    with pytest.raises(KmlError, match="truncated comment"):
+        parse("<kyronix><tool name='a'><!-- never closed <path>x</path></tool></kyronix>")
 
 
 def test_truncated_plans_are_errors_with_offsets() -> None:
@@ -269,7 +337,7 @@ def test_assigned_is_not_part_of_equality() -> None:
 ARG_NAMES = ["path", "content", "command", "body", "cwd", "line", "url", "x.y", "_a-b"]
 TRICKY = st.sampled_from(
     ["]]>", "</content>", "<content>", "</tool>", "<tool name='x'>", "<![CDATA[", "&lt;", "&",
-     "\r\n", "\n", " ", "\t", "é", "😀", "</path>\n<path>", "</kyronix>", "<"]
+     "\r\n", "\n", " ", "\t", "é", "😀", "</path>\n<path>", "</kyronix>", "<", "<!--", "-->"]
 )  # fmt: skip
 VALUES = st.lists(st.one_of(st.text(max_size=8), TRICKY), max_size=6).map("".join)
 
@@ -324,7 +392,7 @@ FRAGMENTS = st.sampled_from(
     ["<kyronix>", "</kyronix>", "<tool name='a'>", '<tool name="b" executionId="1">', "</tool>",
      "<tool", "<content>", "</content>", "<path>", "</path>", "<plan>", "</plan>", "<status>",
      "complete", "</status>", "<![CDATA[", "]]>", "<x/>", "'", '"', "=", " ", "\n", "&amp;", "<",
-     ">", "/"]
+     ">", "/", "<!--", "-->", "<!-- c -->"]
 )  # fmt: skip
 
 
@@ -396,6 +464,14 @@ LINEAR = 10.0
         (lambda k: "<tool name='a'><p>x</p></tool>" * k, 10_000),
         (lambda k: "<kyronix><tool name='a'" + " b='1'" * k, 37_500),
         (lambda k: "<kyronix><tool name='a'><content>" + "</content><" * k, 25_000),
+        (lambda k: "<kyronix><tool name='a'><content>" + "</content><!--" * k, 20_000),
+        (lambda k: "<kyronix><tool name='a'><content>" + "</content><!--" * k + "-->", 20_000),
+        (lambda k: "<kyronix><tool name='a'><content>" + "</content><!-- -->x" * k, 15_000),
+        (lambda k: "<!--" * k + "<tool name='a'/>", 60_000),
+        (lambda k: "<!-- -->" * k + "<tool name='a'/>", 30_000),
+        (lambda k: "<!-- <tool " * k + "-->", 25_000),
+        (lambda k: "<kyronix>" + "<!-- x -->" * k + "</kyronix>", 25_000),
+        (lambda k: "<kyronix><tool name='a'>" + "<!-- x -->" * k + "</tool></kyronix>", 25_000),
     ],
     ids=[
         "close-then-text",
@@ -405,6 +481,14 @@ LINEAR = 10.0
         "many-tools-no-root",
         "many-attributes",
         "close-then-lt",
+        "close-then-unclosed-comment",
+        "close-then-comment-closed-at-the-end",
+        "close-then-comment-then-text",
+        "unclosed-comments-before-a-tool",
+        "comments-before-a-tool",
+        "tools-inside-one-comment",
+        "comments-in-the-envelope",
+        "comments-in-a-tool",
     ],
 )
 def test_linear_time_on_adversarial_megabyte(make: Callable[[int], str], n: int) -> None:

@@ -9,6 +9,7 @@ The exception tree (:mod:`kyronix.errors`) is exported here too. See docs/execut
 """
 
 from kyronix.errors import (
+    ExecutionRunningError,
     KmlError,
     KyronixError,
     KyronixRefusedError,
@@ -45,6 +46,7 @@ __all__ = [
     "SAFE_POLICIES",
     "CustomHandler",
     "Decision",
+    "ExecutionRunningError",
     "KmlError",
     "KyronixError",
     "KyronixExecuter",

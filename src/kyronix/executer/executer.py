@@ -16,13 +16,19 @@ The pipeline for every ``<tool>`` of an envelope, in document order:
    before it runs, so a crash leaves it *uncertain*; a rerunnable one gets none, and a crash just
    means it runs again. A read-only tool's ``finished`` receipt is batched without fsync.
 
-A ``SecurityError`` or an uncertain execution stops the envelope: the later tools are reported as
-skipped and do not run (``continue_on_denial=True`` runs them anyway). Any other failure is that
-tool's result and the envelope goes on.
+   While a tool with effects runs, the executer holds its liveness guard
+   (:mod:`kyronix.executer.running`) and the edit lock of every file it names
+   (:mod:`kyronix.executer.locks`), so the same execution is never run twice at once and two
+   edits of one file never interleave.
 
-Every entry has one shape: ``{tool, args, result: {success, output, executionId, ms, error?,
-errorType?, data?, truncated?, uncertain?, skipped?}}``, with ``args`` as resolved (absolute
-paths, the defaulted ``cwd``, typed numbers and flags).
+A ``SecurityError``, an uncertain or a running execution stops the envelope: the later tools are
+reported as skipped and do not run (``continue_on_denial=True`` runs them anyway). Any other
+failure is that tool's result and the envelope goes on.
+
+Every entry has one shape, built as a :class:`~kyronix.executer.results.ResultEntry`:
+``{tool, args, result: {success, output, executionId, ms, error?, errorType?, data?,
+truncated?, uncertain?, running?, pid?, skipped?, resolved?, stored?}}``, with ``args`` as
+resolved (absolute paths, the defaulted ``cwd``, typed numbers and flags).
 """
 
 from __future__ import annotations
@@ -42,18 +48,24 @@ from typing import Any, Literal
 
 from kiso.kernel.execution import ExecutionId, ReceiptState, Rerunnable, Ruling, is_rerunnable
 from kyronix.errors import (
+    ExecutionRunningError,
     KyronixTypeError,
     KyronixUsageError,
     ReceiptConflict,
+    ReceiptStoreError,
     RunningLoopError,
     UnsupportedError,
 )
+from kyronix.executer.arguments import prepare
+from kyronix.executer.locks import DEFAULT_TIMEOUT_S, FileLocks, HeldLocks
 from kyronix.executer.permissions import (
     SAFE_POLICIES,
     PermissionManager,
     Policy,
 )
-from kyronix.executer.receipts import Receipt, ReceiptStore, request_hash
+from kyronix.executer.receipts import Receipt, ReceiptStore, default_receipts_path, request_hash
+from kyronix.executer.results import EntryDict, ResultEntry, ToolResult
+from kyronix.executer.running import AlreadyRunning, Guards, LivenessGuard
 from kyronix.executer.tools import builtin_tools
 from kyronix.executer.tools.base import (
     Call,
@@ -63,7 +75,6 @@ from kyronix.executer.tools.base import (
     ToolFailure,
     ToolOutput,
     ToolSpec,
-    sandbox_resolve,
 )
 from kyronix.kml import Plan, ToolCall, parse
 
@@ -77,9 +88,6 @@ RulingName = Literal["rerun", "skipped", "applied"]
 type-checks (``resolve`` takes a ``Ruling`` too; a test keeps the two the same)."""
 
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
-_TRUE = frozenset({"true", "yes", "1", "on"})
-_FALSE = frozenset({"false", "no", "0", "off"})
-_INT = re.compile(r"[+-]?\d{1,18}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +106,12 @@ class KyronixExecuter:
     ``permissions`` takes a :class:`PermissionManager` or a list of policies; the default is
     ``SAFE_POLICIES`` (files inside the base; no shell, git, browser or network until allowed).
     ``receipts`` is a :class:`ReceiptStore` or the path of its SQLite file (default
-    ``$KYRONIX_HOME/receipts.sqlite3``). ``ws_url`` is for the WebSocket tunnel, which comes with
-    the Kyronix server; passing it today is an error rather than a silent no-op.
+    ``$KYRONIX_HOME/receipts.sqlite3``). ``env`` is the environment child processes are made
+    from (default: this process's), always with credentials removed
+    (:func:`kiso.tools.env.child_env`) except the names in ``pass_env``, which the caller passes
+    through explicitly. ``lock_timeout_s`` is how long a call waits for a file another call is
+    changing before it fails (``errorType: "Busy"``). ``ws_url`` is for the WebSocket tunnel,
+    which comes with the Kyronix server; passing it today is an error rather than a silent no-op.
     """
 
     def __init__(
@@ -110,6 +122,8 @@ class KyronixExecuter:
         receipts: ReceiptStore | str | os.PathLike[str] | None = None,
         continue_on_denial: bool = False,
         env: Mapping[str, str] | None = None,
+        pass_env: Iterable[str] = (),
+        lock_timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if ws_url is not None:
             raise UnsupportedError(
@@ -126,11 +140,19 @@ class KyronixExecuter:
         self.receipts = receipts if isinstance(receipts, ReceiptStore) else ReceiptStore(receipts)
         self.continue_on_denial = continue_on_denial
         self._env = env
+        self._pass_env = (pass_env,) if isinstance(pass_env, str) else tuple(pass_env)
         self._builtins = builtin_tools()
         self._custom: dict[str, _Custom] = {}
         self._resources = Resources()
         self._inflight: dict[tuple[str, ExecutionId], threading.Event] = {}
         self._inflight_lock = threading.Lock()
+        store = self.receipts.path
+        memory = str(store) == ":memory:"
+        self.state_dir = default_receipts_path().parent if memory else store.parent
+        """The executer's state directory: the receipt store's (``$KYRONIX_HOME`` by default).
+        Edit locks live in its ``locks/``; liveness guards beside the store."""
+        self._locks = FileLocks(self.state_dir / "locks", timeout_s=lock_timeout_s)
+        self._guards = Guards.beside(store)
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -198,7 +220,7 @@ class KyronixExecuter:
         base_path: str | os.PathLike[str] | None = None,
         *,
         continue_on_denial: bool | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[EntryDict]:
         """Run every tool of ``kml`` inside ``base_path`` (default: the current directory).
 
         Raises :class:`~kyronix.errors.KmlError` (with the offset) when the KML is malformed or
@@ -209,7 +231,7 @@ class KyronixExecuter:
         plan = kml if isinstance(kml, Plan) else parse(kml)
         base = _base(base_path)
         go_on = self.continue_on_denial if continue_on_denial is None else continue_on_denial
-        results: list[dict[str, Any]] = []
+        results: list[EntryDict] = []
         stopped_by: str | None = None
         batch = _Batch(
             self.receipts,
@@ -219,16 +241,18 @@ class KyronixExecuter:
         try:
             for call in plan.tools:
                 if stopped_by is not None:
-                    results.append(_skipped(call, stopped_by))
+                    results.append(_skipped(call, stopped_by).to_dict())
                     continue
                 entry = await self._run(call, base, batch)
-                results.append(entry)
-                outcome = entry["result"]
-                if not go_on and not outcome["success"]:
-                    if outcome.get("errorType") == "SecurityError":
+                results.append(entry.to_dict())
+                outcome = entry.result
+                if not go_on and not outcome.success:
+                    if outcome.error_type == "SecurityError":
                         stopped_by = f"{call.name} ({call.execution_id}) was denied"
-                    elif outcome.get("uncertain"):
+                    elif outcome.uncertain:
                         stopped_by = f"{call.name} ({call.execution_id}) is uncertain"
+                    elif outcome.running:
+                        stopped_by = f"{call.name} ({call.execution_id}) is still running"
         finally:
             batch.flush()
         return results
@@ -239,7 +263,7 @@ class KyronixExecuter:
         base_path: str | os.PathLike[str] | None = None,
         *,
         continue_on_denial: bool | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[EntryDict]:
         """:meth:`execute` for code without an event loop."""
         try:
             asyncio.get_running_loop()
@@ -254,14 +278,25 @@ class KyronixExecuter:
     def uncertain_executions(
         self, base_path: str | os.PathLike[str] | None = None
     ) -> list[Receipt]:
-        """Executions under ``base_path`` that started and never finished."""
-        return self.receipts.uncertain(str(_base(base_path)))
+        """Executions under ``base_path`` that started and never finished, and that no live
+        process is still running: they wait for a person's ruling (:meth:`resolve`)."""
+        scope = str(_base(base_path))
+        return [r for r in self.receipts.uncertain(scope) if not self._running(r)]
+
+    def running_executions(self, base_path: str | os.PathLike[str] | None = None) -> list[Receipt]:
+        """Executions under ``base_path`` that started, have not finished, and that a live
+        process (this executer, another one, or a command one started) still runs. Their
+        ``pid`` is the executer that started them. They cannot be ruled on until they end."""
+        scope = str(_base(base_path))
+        return [r for r in self.receipts.uncertain(scope) if self._running(r)]
 
     def resolve(
         self,
         execution_id: str,
         how: Ruling | RulingName,
         base_path: str | os.PathLike[str] | None = None,
+        *,
+        wait: float = 0.0,
     ) -> None:
         """Settle an uncertain execution after checking what really happened: ``rerun`` lets the
         next request run it; ``skipped``/``applied`` record that outcome as its result.
@@ -269,31 +304,55 @@ class KyronixExecuter:
         ``how`` is a :class:`kiso.kernel.execution.Ruling` or its value (``skip`` is only the
         command line's alias). Raises :class:`~kyronix.errors.UnknownExecutionError` (also a
         ``KeyError``) for an id with no receipt, :class:`~kyronix.errors.NotUncertainError` for
-        one that is not uncertain, :class:`~kyronix.errors.KyronixUsageError` for another
-        ``how``."""
+        one that is not uncertain, :class:`~kyronix.errors.ExecutionRunningError` for one that a
+        live process still runs (after waiting up to ``wait`` seconds for it to end), and
+        :class:`~kyronix.errors.KyronixUsageError` for another ``how``."""
         ruling = _ruling(how)
         scope = str(_base(base_path))
         eid = ExecutionId(execution_id)
         receipt = self.receipts.get(scope, eid)
+        if receipt is not None and receipt.state is ReceiptState.STARTED:
+            deadline = time.monotonic() + max(0.0, wait)
+            while self._guards.running(scope, eid):
+                if time.monotonic() >= deadline:
+                    pid = self._guards.holder_pid(scope, eid) or receipt.pid
+                    raise ExecutionRunningError(
+                        f"execution {execution_id!r} ({receipt.tool}) is still running (pid "
+                        f"{pid} on {receipt.host}): it cannot be ruled on until it ends, since "
+                        f"nobody can tell yet whether it applied. Wait for it to finish (or stop "
+                        f"that process), then resolve it if it is still uncertain",
+                        details={"executionId": execution_id, "pid": pid},
+                    )
+                time.sleep(0.05)
         entry = None
         if receipt is not None and ruling is not Ruling.RERUN:
             applied = ruling is Ruling.APPLIED
-            result: dict[str, Any] = {
-                "success": applied,
-                "output": (
+            result = ToolResult(
+                success=applied,
+                output=(
                     "a person checked and confirmed that it had happened"
                     if applied
                     else "a person decided it will not run"
                 ),
-                "executionId": execution_id,
-                "ms": 0,
-                "resolved": ruling.value,
-            }
-            if not applied:
-                result["error"] = "skipped by a person after the executer was interrupted"
-                result["errorType"] = "Skipped"
-            entry = {"tool": receipt.tool, "args": {}, "result": result}
+                execution_id=execution_id,
+                error=None if applied else "skipped by a person after the executer was interrupted",
+                error_type=None if applied else "Skipped",
+                resolved="applied" if applied else "skipped",
+            )
+            entry = ResultEntry(receipt.tool, {}, result).to_dict()
         self.receipts.resolve(scope, eid, ruling, entry)
+
+    def prune_receipts(
+        self, older_than_s: float, base_path: str | os.PathLike[str] | None = None
+    ) -> int:
+        """Forget the settled receipts older than ``older_than_s`` seconds, under ``base_path``
+        (default: every base of the store); return how many (see
+        :meth:`ReceiptStore.prune`). A forgotten id, sent again, runs again."""
+        scope = str(_base(base_path)) if base_path is not None else None
+        return self.receipts.prune(older_than_s, scope)
+
+    def _running(self, receipt: Receipt) -> bool:
+        return self._guards.running(receipt.scope, receipt.execution_id)
 
     def close(self) -> None:
         """Stop the browser (if one was started) and close the receipt store."""
@@ -324,7 +383,7 @@ class KyronixExecuter:
 
     # -- one call ------------------------------------------------------------------------------
 
-    async def _run(self, call: ToolCall, base: Path, batch: _Batch) -> dict[str, Any]:
+    async def _run(self, call: ToolCall, base: Path, batch: _Batch) -> ResultEntry:
         scope = str(base)
         eid = ExecutionId(call.execution_id)
         digest = request_hash(call.name, call.args)
@@ -342,7 +401,7 @@ class KyronixExecuter:
             known = self.receipts.get(scope, eid)
             if known is None:  # it failed before running (denied, bad arguments): evaluate anew
                 return await self._run(call, base, batch)
-            return await self._replay(call, known, digest)
+            return self._replay(call, known, digest)
         try:
             return await self._run_claimed(call, base, eid, digest, batch)
         finally:
@@ -352,7 +411,7 @@ class KyronixExecuter:
 
     async def _run_claimed(
         self, call: ToolCall, base: Path, eid: ExecutionId, digest: str, batch: _Batch
-    ) -> dict[str, Any]:
+    ) -> ResultEntry:
         started = time.monotonic()
         scope = str(base)
         spec = self._builtins.get(call.name)
@@ -367,10 +426,10 @@ class KyronixExecuter:
             and is_rerunnable(tool)
             and _same_call(call, known, digest)
         ):
-            return await self._replay(call, known, digest)
+            return self._replay(call, known, digest)
 
         if spec is None and custom is None:
-            return _failure(
+            return _entry(
                 call,
                 dict(call.args),
                 ToolFailure(
@@ -382,42 +441,68 @@ class KyronixExecuter:
         assert tool is not None
         params = spec.params if spec is not None else (custom.params if custom else None)
         try:
-            args, shown, targets = self._arguments(call, params, base)
-            self._authorize(call.name, base, targets)
+            args, shown, targets, files = prepare(call, params, base)
+            self._authorize(call.name, targets)
         except ToolFailure as failure:
-            return _failure(call, dict(call.args), failure, started)
+            return _entry(call, dict(call.args), failure, started)
 
-        if not is_rerunnable(tool):
-            batch.flush()
-            raced = await asyncio.to_thread(self.receipts.start, scope, eid, call.name, digest)
-            if raced is not None:  # another process got there first
-                return await self._replay(call, raced, digest)
-        if spec is not None:
-            ctx = Call(
-                tool=call.name,
-                execution_id=call.execution_id,
-                args=args,
-                base=base,
-                permissions=self.permissions,
-                raw=dict(call.args),
-                resources=self._resources,
-                env=self._env if self._env is not None else os.environ,
-            )
-            outcome = await _invoke(spec, ctx, inline=spec.read_only)
-        else:
-            assert custom is not None
-            outcome = await _invoke_custom(custom.handler, args)
-        entry = _entry(call, shown, outcome, started)
-        if tool.read_only:
-            batch.add(eid, call.name, digest, entry)
-        else:
-            batch.flush()
-            await asyncio.to_thread(self.receipts.finish, scope, eid, call.name, digest, entry)
-        return entry
+        # A tool with effects holds the edit lock of every file it names for the whole call.
+        locks: HeldLocks | None = None
+        if files and not tool.read_only:
+            try:
+                locks = await self._locks.acquire_async(files)
+            except ToolFailure as failure:
+                return _entry(call, shown, failure, started)
+        guard: LivenessGuard | None = None
+        try:
+            if not is_rerunnable(tool):
+                batch.flush()
+                try:
+                    guard = await asyncio.to_thread(self._guards.hold, scope, eid)
+                except AlreadyRunning as other:  # another process is running this very id
+                    return self._running_entry(call, self.receipts.get(scope, eid), other.pid)
+                raced = await asyncio.to_thread(self.receipts.start, scope, eid, call.name, digest)
+                if raced is not None:  # another process got there first
+                    if guard is not None:
+                        guard.release()
+                        guard = None
+                    return self._replay(call, raced, digest)
+            if spec is not None:
+                ctx = Call(
+                    tool=call.name,
+                    execution_id=call.execution_id,
+                    args=args,
+                    base=base,
+                    permissions=self.permissions,
+                    raw=dict(call.args),
+                    resources=self._resources,
+                    env=self._env if self._env is not None else os.environ,
+                    pass_env=self._pass_env,
+                    inherit_fds=(guard.fd,) if guard is not None else (),
+                )
+                outcome = await _invoke(spec, ctx, inline=spec.read_only)
+            else:
+                assert custom is not None
+                outcome = await _invoke_custom(custom.handler, args)
+            entry = _entry(call, shown, outcome, started)
+            if tool.read_only:
+                batch.add(eid, call.name, digest, entry.to_dict())
+            else:
+                batch.flush()
+                await asyncio.to_thread(
+                    self.receipts.finish, scope, eid, call.name, digest, entry.to_dict()
+                )
+            return entry
+        finally:
+            # The receipt first, then the guard: whoever looks sees running, then finished.
+            if guard is not None:
+                guard.release()
+            if locks is not None:
+                locks.release()
 
-    async def _replay(self, call: ToolCall, known: Receipt, digest: str) -> dict[str, Any]:
+    def _replay(self, call: ToolCall, known: Receipt, digest: str) -> ResultEntry:
         if not _same_call(call, known, digest):
-            return _failure(
+            return _entry(
                 call,
                 dict(call.args),
                 ReceiptConflict(
@@ -428,7 +513,17 @@ class KyronixExecuter:
             )
         if known.settled:
             assert known.entry is not None
-            return known.entry
+            try:
+                return ResultEntry.from_dict(known.entry)
+            except KyronixUsageError as exc:
+                raise ReceiptStoreError(
+                    f"the receipt of {call.execution_id!r} in {self.receipts.path} is damaged "
+                    f"({exc}); whether {call.name} ran cannot be told from it. Check, then "
+                    f"move the store aside or pass receipts= another path"
+                ) from None
+        if self._guards.running(known.scope, known.execution_id):
+            pid = self._guards.holder_pid(known.scope, known.execution_id) or known.pid
+            return self._running_entry(call, known, pid)
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(known.started_at))
         rulings = " | ".join(repr(r.value) for r in Ruling)
         message = (
@@ -438,68 +533,41 @@ class KyronixExecuter:
             f"executer.resolve({call.execution_id!r}, {rulings}, base_path) or "
             f"kyronix exec --resolve {call.execution_id}=<ruling>"
         )
-        result: dict[str, Any] = {
-            "success": False,
-            "output": "",
-            "executionId": call.execution_id,
-            "ms": 0,
-            "error": message,
-            "errorType": "Uncertain",
-            "uncertain": True,
-        }
-        return {"tool": call.name, "args": dict(call.args), "result": result}
+        result = ToolResult(
+            success=False,
+            output="",
+            execution_id=call.execution_id,
+            error=message,
+            error_type="Uncertain",
+            uncertain=True,
+        )
+        return ResultEntry(call.name, dict(call.args), result)
 
-    def _arguments(
-        self, call: ToolCall, params: tuple[Param, ...] | None, base: Path
-    ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-        """(typed args for the handler, args as shown in the result, base-relative targets)."""
-        raw = call.args
-        if params is None:  # a custom tool without declared params gets the strings
-            return dict(raw), dict(raw), []
-        names = {p.name for p in params}
-        unknown = [k for k in raw if k not in names]
-        if unknown:
-            accepted = ", ".join(f"<{p.name}>" for p in params) or "no arguments"
-            raise ToolFailure(
-                f"{call.name} does not take {', '.join(f'<{k}>' for k in unknown)}; "
-                f"it takes {accepted}",
-                error_type="InvalidArguments",
-            )
-        args: dict[str, Any] = {}
-        shown: dict[str, Any] = {}
-        targets: list[str] = []
-        # Anchors (cwd) first, so a path relative to one can be resolved against it.
-        ordered = sorted(params, key=lambda p: p.relative_to is not None)
-        for p in ordered:
-            if p.name not in raw:
-                if p.type == "dir":
-                    anchor = args.get(p.relative_to) if p.relative_to else None
-                    value: Any = anchor if isinstance(anchor, Path) else base
-                    args[p.name] = value
-                    shown[p.name] = str(value)
-                    targets.append(_rel(value, base))
-                    continue
-                if p.required:
-                    raise ToolFailure(
-                        f"{call.name} needs <{p.name}>; it takes "
-                        + ", ".join(f"<{q.name}>" + ("" if q.required else "?") for q in params),
-                        error_type="InvalidArguments",
-                    )
-                continue
-            value = _convert(call.name, p, raw[p.name], base, args)
-            args[p.name] = value
-            shown[p.name] = str(value) if isinstance(value, Path) else value
-            if isinstance(value, Path):
-                targets.append(_rel(value, base))
-        order = [p.name for p in params]
-        shown = {k: shown[k] for k in order if k in shown}
-        return args, shown, targets
+    def _running_entry(self, call: ToolCall, known: Receipt | None, pid: int | None) -> ResultEntry:
+        pid = pid if pid is not None else (known.pid if known is not None else None)
+        where = f"pid {pid}" if pid is not None else "another process"
+        if known is not None:
+            where += f" on {known.host}"
+        message = (
+            f"{call.name} ({call.execution_id}) is still running ({where}); it is not run a "
+            f"second time. Send the request again once it has finished to get its result"
+        )
+        result = ToolResult(
+            success=False,
+            output="",
+            execution_id=call.execution_id,
+            error=message,
+            error_type="Running",
+            running=True,
+            pid=pid,
+        )
+        return ResultEntry(call.name, dict(call.args), result)
 
-    def _authorize(self, tool: str, base: Path, targets: list[str]) -> None:
+    def _authorize(self, tool: str, targets: list[str]) -> None:
         action = f"tool:{tool}"
         checks: list[str | None] = [*targets] if targets else [None]
         for target in checks:
-            decision = self.permissions.decide(action, target)
+            decision = self.permissions.decide_relative(action, target)
             if not decision.allowed:
                 raise SecurityError(decision.reason)
 
@@ -516,9 +584,11 @@ class _Batch:
         self.store = store
         self.scope = scope
         self.known = known
-        self._pending: list[tuple[ExecutionId, str, str, dict[str, Any]]] = []
+        self._pending: list[tuple[ExecutionId, str, str, Mapping[str, Any]]] = []
 
-    def add(self, execution_id: ExecutionId, tool: str, digest: str, entry: dict[str, Any]) -> None:
+    def add(
+        self, execution_id: ExecutionId, tool: str, digest: str, entry: Mapping[str, Any]
+    ) -> None:
         self._pending.append((execution_id, tool, digest, entry))
 
     def flush(self) -> None:
@@ -555,63 +625,6 @@ def _ruling(how: object) -> Ruling:
 def _same_call(call: ToolCall, known: Receipt, digest: str) -> bool:
     """Whether a receipt records this call (the same tool and raw arguments)."""
     return known.tool == call.name and known.request_hash == digest
-
-
-def _rel(path: Path, base: Path) -> str:
-    """``path`` (resolved, inside ``base``) relative to ``base``; ``.`` for the base itself."""
-    full, root = str(path), str(base)
-    if full == root:
-        return "."
-    return full[len(root) + 1 :] if root != "/" else full[1:]
-
-
-def _convert(tool: str, p: Param, text: str, base: Path, args: Mapping[str, Any]) -> Any:
-    if p.type == "string":
-        return text
-    if p.type == "integer":
-        value = text.strip()
-        if not _INT.fullmatch(value):
-            raise ToolFailure(
-                f"<{p.name}> of {tool} must be a whole number, got {text[:60]!r}",
-                error_type="InvalidArguments",
-            )
-        return int(value)
-    if p.type == "boolean":
-        flag = text.strip().lower()
-        if flag in _TRUE:
-            return True
-        if flag in _FALSE:
-            return False
-        raise ToolFailure(
-            f"<{p.name}> of {tool} must be true or false, got {text[:60]!r}",
-            error_type="InvalidArguments",
-        )
-    if p.type == "object":
-        try:
-            value = json.loads(text) if text.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise ToolFailure(
-                f"<{p.name}> of {tool} must be a JSON object such as "
-                f'{{"Accept": "application/json"}}: {exc.msg} at character {exc.pos}',
-                error_type="InvalidArguments",
-            ) from None
-        if not isinstance(value, dict):
-            raise ToolFailure(
-                f"<{p.name}> of {tool} must be a JSON object, got {type(value).__name__}",
-                error_type="InvalidArguments",
-            )
-        return value
-    # Paths are scalars even inside CDATA: surrounding whitespace is never part of the name.
-    anchor = args.get(p.relative_to) if p.relative_to else None
-    where = anchor if isinstance(anchor, Path) else None
-    path = sandbox_resolve(base, text.strip(), relative_to=where)
-    if p.type == "dir" and not path.is_dir():
-        raise ToolFailure(
-            f"<{p.name}> of {tool} must be an existing directory; {_rel(path, base)} "
-            + ("is a file" if path.exists() else "does not exist"),
-            error_type="InvalidArguments",
-        )
-    return path
 
 
 async def _invoke(spec: ToolSpec, call: Call, *, inline: bool) -> ToolOutput | ToolFailure:
@@ -682,38 +695,39 @@ def _jsonable(value: dict[str, Any]) -> dict[str, Any]:
 
 def _entry(
     call: ToolCall, shown: dict[str, Any], outcome: ToolOutput | ToolFailure, started: float
-) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "success": isinstance(outcome, ToolOutput),
-        "output": outcome.output,
-        "executionId": call.execution_id,
-    }
-    if isinstance(outcome, ToolFailure):
+) -> ResultEntry:
+    ms = int((time.monotonic() - started) * 1000)
+    if isinstance(outcome, ToolOutput):
+        result = ToolResult(
+            success=True,
+            output=outcome.output,
+            execution_id=call.execution_id,
+            ms=ms,
+            data=outcome.data,
+            truncated=outcome.truncated,
+        )
+    else:
         security = outcome.error_type == "SecurityError"
-        result["error"] = f"SecurityError: {outcome.message}" if security else outcome.message
-        result["errorType"] = outcome.error_type
-    if outcome.data is not None:
-        result["data"] = outcome.data
-    if outcome.truncated:
-        result["truncated"] = True
-    result["ms"] = int((time.monotonic() - started) * 1000)
-    return {"tool": call.name, "args": shown, "result": result}
+        result = ToolResult(
+            success=False,
+            output=outcome.output,
+            execution_id=call.execution_id,
+            ms=ms,
+            error=f"SecurityError: {outcome.message}" if security else outcome.message,
+            error_type=outcome.error_type,
+            data=outcome.data,
+            truncated=outcome.truncated,
+        )
+    return ResultEntry(call.name, shown, result)
 
 
-def _failure(
-    call: ToolCall, args: dict[str, Any], failure: ToolFailure, started: float
-) -> dict[str, Any]:
-    return _entry(call, args, failure, started)
-
-
-def _skipped(call: ToolCall, why: str) -> dict[str, Any]:
-    result = {
-        "success": False,
-        "output": "",
-        "executionId": call.execution_id,
-        "ms": 0,
-        "error": f"not run: {why}, which stops the rest of the envelope",
-        "errorType": "Skipped",
-        "skipped": True,
-    }
-    return {"tool": call.name, "args": dict(call.args), "result": result}
+def _skipped(call: ToolCall, why: str) -> ResultEntry:
+    result = ToolResult(
+        success=False,
+        output="",
+        execution_id=call.execution_id,
+        error=f"not run: {why}, which stops the rest of the envelope",
+        error_type="Skipped",
+        skipped=True,
+    )
+    return ResultEntry(call.name, dict(call.args), result)

@@ -9,7 +9,10 @@ a policy that names a registered tool still applies to it.
 Path patterns are ``fnmatch`` globs (a pattern equal to the target always matches, so
 ``[::1]:443`` needs no escaping). A pattern without ``/`` matches any single component of the
 path (``.git`` matches ``a/.git/config``; ``.env*`` matches ``config/.env.local``); a pattern
-with ``/`` matches the whole path relative to the base. The executer passes base-relative paths.
+with ``/`` matches the whole path relative to the base. A **deny** matches regardless of case
+(``.git`` denies ``.GIT/config``, ``id_rsa*`` denies ``ID_RSA``: on a case-insensitive
+filesystem they are the same file, and a deny too broad is safe); an allow matches exactly (an
+allow too narrow is safe too). The executer passes base-relative paths.
 
 Actions the executer checks:
 
@@ -97,13 +100,17 @@ class Policy:
         return fnmatchcase(action, self.action) and self.applies_to(path)
 
     def applies_to(self, path: str | None) -> bool:
-        """Whether the path part of this policy covers ``path`` (the action aside)."""
+        """Whether the path part of this policy covers ``path`` (the action aside). A deny's
+        patterns match regardless of case; an allow's exactly."""
         if self.within_base and (path is None or not _inside(path)):
             return False
         if self.paths is None:
             return True
         if path is None:
             return False
+        if self.effect == "deny":
+            folded = path.casefold()
+            return any(_path_matches(pattern.casefold(), folded) for pattern in self.paths)
         return any(_path_matches(pattern, path) for pattern in self.paths)
 
 
@@ -176,9 +183,12 @@ class Decision:
 class PermissionManager:
     """``PermissionManager(policies)``: decide whether an action on a path is allowed.
 
-    The executer asks with base-relative paths. Called directly with an absolute path, a manager
-    given ``base`` judges it relative to that base; without one, an absolute path is never
-    "inside the base", so ``SAFE_POLICIES`` refuse it.
+    The executer asks with base-relative paths it resolved itself (:meth:`decide_relative`).
+    Called directly, :meth:`check` and :meth:`decide` judge a relative path exactly as the same
+    path made absolute: with ``base``, both are resolved (``realpath``) against it and judged by
+    where they really are, relative to the base when inside it; without one, ``..`` is collapsed
+    in a relative path, and an absolute path is never "inside the base", so ``SAFE_POLICIES``
+    refuse it.
     """
 
     def __init__(
@@ -214,11 +224,28 @@ class PermissionManager:
         return self.decide(action, path).allowed
 
     def decide(self, action: str, path: str | os.PathLike[str] | None = None) -> Decision:
-        target = os.fspath(path) if path is not None else None
-        if target is not None and self.base is not None and os.path.isabs(target):
-            real = os.path.realpath(target)
-            if real == self.base or os.path.commonpath((self.base, real)) == self.base:
-                target = os.path.relpath(real, self.base)
+        """The decision on ``action`` (on ``path``, if given) and the reason for it."""
+        return self.decide_relative(action, self._target(path))
+
+    def _target(self, path: str | os.PathLike[str] | None) -> str | None:
+        """``path`` as policies see it: base-relative when it is inside the base."""
+        if path is None:
+            return None
+        raw = os.fspath(path)
+        if not isinstance(raw, str):
+            raise KyronixTypeError(f"a path must be text, not {type(raw).__name__}")
+        if self.base is None:
+            return raw if os.path.isabs(raw) else os.path.normpath(raw.replace(os.sep, "/"))
+        real = os.path.realpath(os.path.join(self.base, raw))
+        if real == self.base:
+            return "."
+        if os.path.commonpath((self.base, real)) == self.base:
+            return os.path.relpath(real, self.base)
+        return real
+
+    def decide_relative(self, action: str, target: str | None) -> Decision:
+        """:meth:`decide` for a path already resolved and made relative to the base (what the
+        executer passes), judged as it is."""
         relevant = self._by_action.get(action)
         if relevant is None:
             relevant = tuple(p for p in self.policies if fnmatchcase(action, p.action))

@@ -24,6 +24,13 @@ Which rows a call gets is decided by what its tool declares (``read_only``, ``id
 ``finished`` row of a read-only one without waiting for fsync (:meth:`ReceiptStore.finish_many`:
 it survives a process crash, not a power cut, and losing it only means the read runs again).
 
+Two limits keep the store small: every text a stored entry holds (its ``output``, its ``error``,
+each string in its ``data``) is cut to :data:`STORED_TEXT_LIMIT` characters when it is stored,
+and the entry records the field's full length and SHA-256 (``result.stored``); and settled rows
+older than a retention can be removed with :meth:`ReceiptStore.prune` (``kyronix receipts prune
+--older-than 30d``). A pruned id is forgotten: sent again, it runs again. Rows that started and
+never finished are never pruned (they wait for a person's ruling).
+
 The database runs in WAL mode with ``synchronous=FULL`` for the rows that guard side effects.
 Its layout is versioned (``PRAGMA user_version``); a store written before the version was kept
 (whose state column allowed only ``started`` and ``finished``) is migrated when it is opened.
@@ -45,12 +52,19 @@ from pathlib import Path
 from typing import Any
 
 from kiso.kernel.execution import ExecutionId, ReceiptState, Ruling
-from kyronix.errors import NotUncertainError, ReceiptStoreError, UnknownExecutionError
+from kyronix.errors import (
+    KyronixUsageError,
+    NotUncertainError,
+    ReceiptStoreError,
+    UnknownExecutionError,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
+    "STORED_TEXT_LIMIT",
     "Receipt",
     "ReceiptStore",
+    "cap_entry",
     "default_receipts_path",
     "request_hash",
 ]
@@ -59,6 +73,12 @@ SCHEMA_VERSION = 1
 """The layout of the receipts table (``PRAGMA user_version``). 0: the first layout, whose state
 column allowed ``started`` and ``finished`` only. 1: the state column allows every
 :class:`~kiso.kernel.execution.ReceiptState` (``resolved`` is new)."""
+
+STORED_TEXT_LIMIT = 64 * 1024
+"""The most characters of one text (an output, an error, a string in ``data``) a receipt keeps.
+What the first request got back is never cut; a replay of a longer one gets the first
+``STORED_TEXT_LIMIT`` characters, ``truncated: true`` and, in ``result.stored``, the full length
+and the SHA-256 of the whole text (UTF-8)."""
 
 _STATES = ", ".join(f"'{state.value}'" for state in ReceiptState)
 
@@ -129,9 +149,16 @@ class ReceiptStore:
     written (the message names the file and what to do).
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        text_limit: int = STORED_TEXT_LIMIT,
+    ) -> None:
         target = Path(path) if path is not None else default_receipts_path()
         self.path = target
+        self.text_limit = text_limit
+        """The most characters of one text a stored entry keeps (:data:`STORED_TEXT_LIMIT`)."""
         memory = str(target) == ":memory:"
         self._lock = threading.Lock()
         try:
@@ -336,6 +363,24 @@ class ReceiptStore:
             )
         return receipt
 
+    def prune(self, older_than_s: float, scope: str | None = None) -> int:
+        """Remove the settled rows (finished, or resolved by a person) that settled more than
+        ``older_than_s`` seconds ago, under ``scope`` or everywhere; return how many went.
+
+        An id pruned is forgotten: a request that carries it again runs again. Rows that
+        started and never finished are kept whatever their age: they wait for a ruling."""
+        if not older_than_s >= 0:
+            raise KyronixUsageError(f"older_than_s is 0 or more seconds, got {older_than_s!r}")
+        cutoff = time.time() - older_than_s
+        query = "DELETE FROM receipts WHERE state != ? AND COALESCE(finished_at, started_at) < ?"
+        params: tuple[Any, ...] = (ReceiptState.STARTED.value, cutoff)
+        if scope is not None:
+            query += " AND scope = ?"
+            params = (*params, scope)
+        with self._using("prune old receipts") as db:
+            removed = db.execute(query, params).rowcount
+        return int(removed)
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
@@ -351,9 +396,41 @@ class ReceiptStore:
         now: float,
         state: ReceiptState,
     ) -> tuple[Any, ...]:
-        blob = json.dumps(entry, ensure_ascii=False, separators=(",", ":"))
+        capped = cap_entry(entry, self.text_limit)
+        blob = json.dumps(capped, ensure_ascii=False, separators=(",", ":"))
         pid, host = os.getpid(), self._host
         return (scope, execution_id, tool, digest, state.value, now, now, pid, host, blob)
+
+
+def cap_entry(entry: Mapping[str, Any], limit: int) -> Mapping[str, Any]:
+    """``entry`` with every text of its result longer than ``limit`` cut to it (a new dict;
+    the entry itself is untouched, and returned as it is when nothing is too long). Each cut
+    field is recorded in ``result.stored`` with its full length and SHA-256, and the result is
+    marked ``truncated``."""
+    result = entry.get("result")
+    if not isinstance(result, Mapping):
+        return entry
+    stored: dict[str, dict[str, Any]] = {}
+
+    def cut(value: Any, where: str) -> Any:
+        if isinstance(value, str):
+            if len(value) <= limit:
+                return value
+            encoded = value.encode("utf-8", "surrogatepass")
+            stored[where] = {"length": len(value), "sha256": hashlib.sha256(encoded).hexdigest()}
+            return value[:limit]
+        if isinstance(value, Mapping):
+            return {k: cut(v, f"{where}.{k}") for k, v in value.items()}
+        if isinstance(value, list):
+            return [cut(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    fields = {k: cut(v, k) if k in ("output", "error", "data") else v for k, v in result.items()}
+    if not stored:
+        return entry
+    fields["truncated"] = True
+    fields["stored"] = {**fields.get("stored", {}), **stored}
+    return {**entry, "result": fields}
 
 
 def _receipt(row: tuple[Any, ...]) -> Receipt:

@@ -59,7 +59,7 @@ def _snapshot(tmp_path: Path) -> dict[str, Any]:
         for name in sorted(dirs + files):
             full = os.path.join(root, name)
             rel = os.path.normpath(os.path.join(rel_root, name))
-            if rel.startswith(("project" + os.sep, "receipts.sqlite3")) or rel == "project":
+            if rel.startswith(("project", "receipts.", "kyronix-home")):
                 continue
             st = os.lstat(full)
             if os.path.islink(full):
@@ -135,11 +135,20 @@ def test_hostile_path(
     ex = KyronixExecuter(permissions=PermissionManager(policies), receipts=":memory:")
     with ex:
         [entry] = ex.execute_sync(kml((tool, {"path": _expand(hostile, tmp_path), **extra})), base)
+    if tool == "delete_file" and hostile in LINKS_OUT:
+        # A link inside the base that points out is removed itself; what it names is untouched.
+        assert entry["result"]["success"] is True, entry
+        assert not os.path.lexists(base / hostile)
+        assert _snapshot(tmp_path) == before
+        return
     _refused(entry)
     assert _snapshot(tmp_path) == before
     assert sorted(p.name for p in base.iterdir()) == inside_before
     assert os.readlink(base / "dangling") == "../outside/created-through-dangling-link"
 
+
+LINKS_OUT = ("secret_link", "dangling", "escape")
+"""Symlinks inside the base whose targets are outside it."""
 
 MOVES = [
     ("inner/ok.txt", "../outside/moved.txt"),
@@ -166,6 +175,15 @@ def test_move_or_copy_with_one_hostile_end(
     args = {"source": _expand(source, tmp_path), "destination": _expand(destination, tmp_path)}
     with ex:
         [entry] = ex.execute_sync(kml((tool, args)), base)
+    if tool == "move_file" and source in LINKS_OUT:
+        # move_file of a symlink moves the link (still pointing out): nothing outside is read,
+        # moved or changed, and no content comes in.
+        assert entry["result"]["success"] is True, entry
+        moved = base / destination
+        assert moved.is_symlink() and not os.path.lexists(base / source)
+        assert SECRET not in json.dumps(entry)
+        assert _snapshot(tmp_path) == before
+        return
     _refused(entry)
     assert _snapshot(tmp_path) == before
     assert (base / "inner/ok.txt").read_text() == "ok\n"

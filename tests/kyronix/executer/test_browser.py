@@ -381,7 +381,7 @@ def test_find_chromium(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert find_chromium({"KYRONIX_CHROMIUM": "/bin/true"}) == "/bin/true"
     with pytest.raises(ToolFailure, match="KYRONIX_CHROMIUM='/no/such/chromium'"):
         find_chromium({"KYRONIX_CHROMIUM": "/no/such/chromium"})
-    monkeypatch.setattr(browser, "CHROMIUM_PATHS", (str(tmp_path / "chromium"),))
+    monkeypatch.setattr(browser.launch, "CHROMIUM_PATHS", (str(tmp_path / "chromium"),))
     with pytest.raises(
         ToolFailure, match=r"install Debian's chromium \(apt-get install chromium\)"
     ):

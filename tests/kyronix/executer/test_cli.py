@@ -69,7 +69,7 @@ def test_exec_bad_input_is_a_clear_error(tmp_path: Path, base: Path) -> None:
     assert os.listdir(base) == []
 
     missing = _run(KYRONIX, "exec", str(tmp_path / "nope.kml"), "--base", str(base), home=tmp_path)
-    assert missing.returncode != 0 and "cannot read the plan" in missing.stderr
+    assert missing.returncode == 2 and "cannot read the plan" in missing.stderr
     bad_allow = _run(KYRONIX, "exec", "-", "--allow", "terminal", stdin="", home=tmp_path)
     assert bad_allow.returncode == 2 and "tool:terminal" in bad_allow.stderr
     bad_resolve = _run(KYRONIX, "exec", "--resolve", "x=maybe", "--base", str(base), home=tmp_path)
@@ -134,5 +134,33 @@ def test_user_errors_never_print_a_traceback(tmp_path: Path, base: Path) -> None
         env={**os.environ, "KYRONIX_HOME": str(tmp_path), "PYTHONIOENCODING": "utf-8"},
         check=False,
     )
-    assert binary.returncode == 1 and b"not UTF-8" in binary.stderr
+    assert binary.returncode == 2 and b"not UTF-8" in binary.stderr
     assert b"Traceback" not in binary.stderr
+
+
+def test_an_unreadable_or_non_utf8_plan_exits_2_and_runs_nothing(
+    tmp_path: Path, base: Path
+) -> None:
+    """As the help says: 2 when the plan could not be read (missing, unreadable, a directory,
+    not UTF-8) or parsed; nothing runs."""
+    latin1 = tmp_path / "latin1.kml"
+    latin1.write_bytes(
+        "<tool name='write_file'><path>é.txt</path><content>x</content></tool>".encode("latin-1")
+    )
+    unreadable = tmp_path / "secret.kml"
+    unreadable.write_text("<tool name='write_file'><path>a</path><content>x</content></tool>")
+    unreadable.chmod(0)
+    cases = {
+        "missing": str(tmp_path / "nope.kml"),
+        "a directory": str(tmp_path),
+        "not UTF-8": str(latin1),
+    }
+    if os.geteuid() != 0:  # root reads a mode-0 file anyway
+        cases["unreadable"] = str(unreadable)
+    for what, plan in cases.items():
+        out = _run(KYRONIX, "exec", plan, "--base", str(base), home=tmp_path)
+        assert out.returncode == 2, (what, out)
+        assert "nothing was run" in out.stderr and "Traceback" not in out.stderr, what
+    help_text = _run(KYRONIX, "exec", "--help", home=tmp_path).stdout
+    assert "2 when the plan could not" in " ".join(help_text.split())
+    assert os.listdir(base) == []

@@ -449,29 +449,33 @@ def test_git_itself_refuses_file_and_ext_even_if_the_user_config_allows_them(
     assert not marker.exists()
 
 
-def test_git_children_get_no_credentials_and_never_prompt(
+def test_git_children_get_no_credentials_never_prompt_and_run_no_helper(
     world: World, http_server: Callable[[Path | None], Served]
 ) -> None:
-    """A credential helper runs inside git's environment: it dumps what git was given."""
+    """A credential helper in the user's global config would run inside git's environment (and
+    see it): the global config is not read, credential.helper is reset, and no prompt opens."""
     locked = http_server(None)
     dump = world.root / "helper-env"
     helper = world.root / "helper.sh"
     helper.write_text(f"#!/bin/sh\nenv > {dump}\ncat > /dev/null\n")
     helper.chmod(helper.stat().st_mode | stat.S_IXUSR)
     world.set_global("credential.helper", str(helper))
-    assert world.call("git_clone").env["OPENAI_API_KEY"] == "sk-canary-openai"  # given to us
+    call = world.call("git_clone")
+    assert call.env["OPENAI_API_KEY"] == "sk-canary-openai"  # given to us
 
     with pytest.raises(ToolFailure) as info:
         git_clone(world.call("git_clone", repository=locked.url("private.git")))
     assert "terminal prompts disabled" in info.value.message
-    seen = dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
+    assert not dump.exists()  # the helper never ran
+    seen = git_env(call, clone=True)
     assert seen["KYRONIX_CANARY"] == "visible"
     assert seen["GIT_TERMINAL_PROMPT"] == "0"
     assert seen["GCM_INTERACTIVE"] == "never"
     assert seen["GIT_CONFIG_NOSYSTEM"] == "1"
+    assert seen["GIT_CONFIG_GLOBAL"] == os.devnull
     for name, value in CANARIES.items():
         assert name not in seen
-        assert value not in dump.read_text()
+        assert value not in seen.values()
     assert locked.requests
     assert entries(world.base) == []
 

@@ -271,7 +271,11 @@ def test_a_store_of_the_first_layout_is_migrated(tmp_path: Path, base: Path) -> 
     db = sqlite3.connect(path)
     db.execute(_LAYOUT_0)
     args = {"path": "f", "content": "v1"}
-    entry = {"tool": "write_file", "args": {}, "result": {"success": True, "output": "old"}}
+    entry = {
+        "tool": "write_file",
+        "args": {},
+        "result": {"success": True, "output": "old", "executionId": "done", "ms": 3},
+    }
     db.execute(
         "INSERT INTO receipts VALUES (?, 'done', 'write_file', ?, 'finished', 1, 2, 7, 'h', ?)",
         (str(base), request_hash("write_file", args), __import__("json").dumps(entry)),

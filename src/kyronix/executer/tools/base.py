@@ -67,6 +67,9 @@ class Param:
     required: bool = True
     relative_to: str | None = None
     description: str = ""
+    follow: bool = True
+    """False: a path whose last component is a symlink names the link itself (``delete_file``,
+    ``move_file``'s source act on the link, wherever it points)."""
 
 
 class Resources:
@@ -108,6 +111,13 @@ class Call:
     resources: Resources = field(default_factory=Resources)
     """Shared per-executer resources (the browser)."""
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    """The environment child processes are made from (credentials are removed from it with
+    :func:`kiso.tools.env.child_env` when a process is started)."""
+    pass_env: tuple[str, ...] = ()
+    """Names the caller explicitly passes through to child processes, credentials or not."""
+    inherit_fds: tuple[int, ...] = field(default=(), repr=False)
+    """Descriptors every process the tool starts must inherit (``pass_fds``): the execution's
+    liveness guard, which keeps it *running* (not uncertain) while those processes live."""
 
     def resolve(self, raw: str, *, relative_to: Path | None = None) -> Path:
         """Resolve a path that is not a declared parameter through the same sandbox, or raise
@@ -158,6 +168,22 @@ class ToolSpec:
             if p.name == name:
                 return p
         return None
+
+
+def sandbox_resolve_entry(base: Path, raw: str, *, relative_to: Path | None = None) -> Path:
+    """:func:`sandbox_resolve`, except that a last component that is a symlink is not followed:
+    the result is the link itself, in its real (checked) parent directory."""
+    joined = raw
+    if isinstance(raw, str) and relative_to is not None and raw and not os.path.isabs(raw):
+        joined = os.path.join(relative_to, raw)
+    head, tail = os.path.split(joined.rstrip("/")) if isinstance(joined, str) else ("", "")
+    if tail in ("", ".", "..") or joined.endswith("/"):
+        return sandbox_resolve(base, raw, relative_to=relative_to)
+    parent = sandbox_resolve(base, head) if head else base
+    link = parent / tail
+    if os.path.islink(link):
+        return link
+    return sandbox_resolve(base, raw, relative_to=relative_to)
 
 
 def sandbox_resolve(base: Path, raw: str, *, relative_to: Path | None = None) -> Path:

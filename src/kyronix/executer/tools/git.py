@@ -1,21 +1,24 @@
 """``git_clone``, ``git_commit`` and ``git_branch``: the git command line, run without a shell.
 
-Every git process gets:
+Every git process runs under kiso's one git hardening (:mod:`kiso.tools.gitsafe`):
 
 - an argument list (never a shell) and ``--`` before anything a model wrote that git could read
   as an option; URLs and branch names starting with ``-`` are refused outright;
-- ``-c core.hooksPath=/dev/null`` and ``-c core.fsmonitor=false``, so no hook and no fsmonitor
-  program of the repository (or of a template directory) runs;
-- a protocol allow-list: ``protocol.allow=never`` with only ``https``, ``http``, ``ssh`` and
-  ``git`` allowed, ``protocol.file.allow=never`` and ``protocol.ext.allow=never``, and
-  ``GIT_ALLOW_PROTOCOL`` set to the same list (it would otherwise override the configuration).
-  With ``file`` refused, git 2.39 refuses local-path clones as well as ``file://``;
-- ``http.followRedirects=false``: git cannot be redirected to an address the guard never saw;
-- an environment from :func:`kiso.tools.env.child_env` (credentials removed) without the
-  variables that move the repository or inject configuration (``GIT_DIR``,
-  ``GIT_CONFIG_PARAMETERS``, ...), with ``GIT_TERMINAL_PROMPT=0``, ``GCM_INTERACTIVE=never``,
-  no askpass program, ``GIT_CONFIG_NOSYSTEM=1`` and ``GIT_CEILING_DIRECTORIES`` set to the
-  base's parent, so a repository above the base is never found;
+- every program a repository's config can name switched off in command-line scope (hooks,
+  ``core.fsmonitor``, pager, editor, ``core.sshCommand``, credential helpers, ``diff.external``,
+  signing programs, ...), and every filter, diff and merge driver the repository's config
+  defines (includes followed) replaced by ``cat``; no system or global config is read (only
+  ``user.name`` and ``user.email`` are taken from your global config, as values);
+  ``safe.bareRepository=explicit``; no network (``protocol.allow=never``) except for a clone;
+- the repository is located first (``git rev-parse``, hardened) and refused unless its git dir,
+  common dir, work tree and object alternates all lie inside the base; every later command is
+  pinned to what was checked (``GIT_DIR``, ``GIT_WORK_TREE``), and ``GIT_CEILING_DIRECTORIES``
+  is the base's parent, so a repository above the base is never found;
+- for a clone, only ``https``, ``http``, ``ssh`` and ``git`` (``protocol.<name>.allow`` and
+  ``GIT_ALLOW_PROTOCOL``), ``http.followRedirects=false`` (git cannot be redirected to an address
+  the guard never saw), and a destination that goes through the same protected-path denials as
+  ``write_file`` (under ``SAFE_POLICIES`` a clone into ``.git/`` is refused);
+- an environment from :func:`kiso.tools.env.child_env` (credentials removed), never a prompt;
 - its own process group, stdin closed (or the commit message), a timeout that kills the group,
   and a cap on the output kept.
 
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
 
+from kiso.tools import gitsafe
 from kiso.tools.env import child_env
 from kyronix.executer.tools.base import (
     Call,
@@ -73,54 +77,21 @@ OUTPUT_LIMIT = 64 * 1024
 
 ALLOWED_PROTOCOLS = ("https", "http", "ssh", "git")
 
-SAFE_CONFIG: tuple[str, ...] = (
-    "-c",
-    "core.hooksPath=/dev/null",
-    "-c",
-    "core.fsmonitor=false",
-    "-c",
-    "core.askPass=",
-    "-c",
-    "protocol.allow=never",
-    *(arg for p in ALLOWED_PROTOCOLS for arg in ("-c", f"protocol.{p}.allow=always")),
-    "-c",
-    "protocol.file.allow=never",
-    "-c",
-    "protocol.ext.allow=never",
-    "-c",
-    "http.followRedirects=false",
+CLONE_CONFIG: tuple[tuple[str, str], ...] = (
+    *((f"protocol.{p}.allow", "always") for p in ALLOWED_PROTOCOLS),
+    ("protocol.file.allow", "never"),
+    ("protocol.ext.allow", "never"),
+    ("http.followRedirects", "false"),
+    ("core.sshCommand", "ssh"),
 )
-"""The ``-c`` options every git invocation starts with."""
+"""What a clone adds to :data:`kiso.tools.gitsafe.HARDENING`: four protocols, no redirects, and
+plain ``ssh`` (the hardening's ``core.sshCommand=false`` is for everything else)."""
+
+SAFE_CONFIG: tuple[tuple[str, str], ...] = (*gitsafe.HARDENING, *CLONE_CONFIG)
+"""The configuration a clone runs with (command-line scope, via ``GIT_CONFIG_COUNT``)."""
 
 FALLBACK_NAME = "Kyronix"
 FALLBACK_EMAIL = "kyronix@localhost"
-
-# Variables that point git at another repository, index or object store, or inject config.
-_DROPPED_ENV = frozenset(
-    {
-        "GIT_DIR",
-        "GIT_WORK_TREE",
-        "GIT_INDEX_FILE",
-        "GIT_OBJECT_DIRECTORY",
-        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-        "GIT_COMMON_DIR",
-        "GIT_NAMESPACE",
-        "GIT_DISCOVERY_ACROSS_FILESYSTEM",
-        "GIT_CONFIG",
-        "GIT_CONFIG_PARAMETERS",
-        "GIT_CONFIG_COUNT",
-        "GIT_CONFIG_SYSTEM",
-        "GIT_EXTERNAL_DIFF",
-        "GIT_EDITOR",
-        "GIT_SEQUENCE_EDITOR",
-        "GIT_PAGER",
-        "GIT_ASKPASS",
-        "SSH_ASKPASS",
-        "GIT_EXEC_PATH",
-        "GIT_TEMPLATE_DIR",
-        "GIT_PROTOCOL_FROM_USER",
-    }
-)
 
 _TRANSPORT_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*::")
 _URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -142,16 +113,17 @@ class GitResult:
         return text[-limit:] if text else f"exit status {self.returncode}"
 
 
-def git_env(call: Call) -> dict[str, str]:
-    """The environment of a git child process (see the module docstring)."""
-    env = child_env(call.env)
-    for name in list(env):
-        if name in _DROPPED_ENV or name.startswith(("GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_")):
-            del env[name]
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    env["GCM_INTERACTIVE"] = "never"
-    env["GIT_CONFIG_NOSYSTEM"] = "1"
-    env["GIT_ALLOW_PROTOCOL"] = ":".join(ALLOWED_PROTOCOLS)
+def git_env(
+    call: Call, *, clone: bool = False, config: Sequence[tuple[str, str]] = ()
+) -> dict[str, str]:
+    """The environment of a git child process (see the module docstring): the credential-
+    stripped environment under :func:`kiso.tools.gitsafe.safe_git_env`, plus the clone's
+    protocols with ``clone`` and any further ``config`` (a repository's driver overrides, an
+    identity)."""
+    extra = [*(CLONE_CONFIG if clone else ()), *config]
+    env = gitsafe.safe_git_env(child_env(call.env), config=extra)
+    if clone:
+        env["GIT_ALLOW_PROTOCOL"] = ":".join(ALLOWED_PROTOCOLS)
     parent = call.base.parent
     if parent != call.base:
         env["GIT_CEILING_DIRECTORIES"] = str(parent)
@@ -165,9 +137,11 @@ def run_git(
     env: Mapping[str, str],
     timeout_s: float = GIT_TIMEOUT_S,
     stdin: bytes | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> GitResult:
-    """Run ``git SAFE_CONFIG args`` and return what it did; raise :class:`ToolFailure` when git
-    is missing or the timeout passed (the whole process group is killed first)."""
+    """Run ``git --no-pager args`` in ``env`` (from :func:`git_env`) and return what it did;
+    raise :class:`ToolFailure` when git is missing or the timeout passed (the whole process
+    group is killed first)."""
     git = shutil.which("git", path=env.get("PATH"))
     if git is None:
         raise ToolFailure(
@@ -176,13 +150,14 @@ def run_git(
         )
     try:
         proc = subprocess.Popen(
-            [git, *SAFE_CONFIG, *args],
+            [git, "--no-pager", *args],
             cwd=cwd,
             env=dict(env),
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             close_fds=True,
+            pass_fds=tuple(pass_fds),
             start_new_session=True,
         )
     except OSError as exc:
@@ -348,6 +323,11 @@ def _parse_scp(url: str, shown: str) -> CloneSource:
                     f"the port in {shown!r} is not a number", error_type="InvalidArguments"
                 )
             port = int(port_text)
+    elif (at := rest.find("@[")) != -1 and rest.find("]:", at) != -1 and ":" not in rest[:at]:
+        # user@[host]:path, as ssh writes an IPv6 literal: git@[::1]:repo is host ::1
+        close = rest.find("]:", at)
+        user, host, path = rest[:at], rest[at + 2 : close], rest[close + 2 :]
+        port = DEFAULT_PORTS["ssh"]
     else:
         hostpart, path = rest.split(":", 1)
         if "@" in hostpart:
@@ -417,6 +397,7 @@ def git_clone(call: Call) -> ToolOutput:
     decision = call.permissions.decide("tool:git_clone", call.rel(target))
     if not decision.allowed:
         raise SecurityError(decision.reason)
+    _refuse_protected_destination(call, target)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         what = "a directory that is not empty" if target.is_dir() else "a file"
         raise ToolFailure(
@@ -424,23 +405,24 @@ def git_clone(call: Call) -> ToolOutput:
             error_type="InvalidArguments",
         )
     guard_host(call, source.host, source.port, what=f"git_clone of {shown}")
-    env = git_env(call)
     result = run_git(
         ["clone", "--quiet", "--", source.url, str(target)],
         cwd=cwd,
-        env=env,
+        env=git_env(call, clone=True),
         timeout_s=CLONE_TIMEOUT_S,
+        pass_fds=_inherited(call),
     )
     if result.returncode != 0:
         raise ToolFailure(
             f"git clone of {shown} failed: {_redact_text(result.error_text(), source.url)}",
             error_type="GitError",
         )
-    head = _git_out(["rev-parse", "--verify", "-q", "HEAD"], target, env)
-    branch = _git_out(["symbolic-ref", "--short", "-q", "HEAD"], target, env)
+    repo = _repository(call, target)
+    head = repo.out(["rev-parse", "--verify", "-q", "HEAD"])
+    branch = repo.out(["symbolic-ref", "--short", "-q", "HEAD"])
     lines = [f"cloned {shown} into {call.rel(target)}"]
     if head:
-        subject = _git_out(["log", "-1", "--format=%s", "HEAD"], target, env) or ""
+        subject = repo.out(["log", "-1", "--format=%s", "HEAD"]) or ""
         lines.append(f"HEAD {head[:12]} ({branch or 'detached'}): {subject}")
     else:
         lines.append("the repository is empty (no commits yet)")
@@ -459,10 +441,9 @@ def git_commit(call: Call) -> ToolOutput:
         )
     if "\x00" in message:
         raise ToolFailure("the commit message contains a NUL byte", error_type="InvalidArguments")
-    env = git_env(call)
-    _repository_root(call, cwd, env)
-    _check(run_git(["add", "-A"], cwd=cwd, env=env), "git add -A")
-    staged = run_git(["diff", "--cached", "--quiet", "--no-ext-diff"], cwd=cwd, env=env)
+    repo = _repository(call, cwd)
+    _check(repo.run(["add", "-A"]), "git add -A")
+    staged = repo.run(["diff", "--cached", "--quiet", "--no-ext-diff", "--no-textconv"])
     if staged.returncode == 0:
         raise ToolFailure(
             f"nothing to commit in {call.rel(cwd)}: no file changed since the last commit",
@@ -470,21 +451,14 @@ def git_commit(call: Call) -> ToolOutput:
         )
     if staged.returncode != 1:
         _check(staged, "git diff --cached")
-    identity = _fallback_identity(cwd, env)
-    committed = run_git(
-        [*identity, "commit", "--quiet", "--no-verify", "--cleanup=whitespace", "-F", "-"],
-        cwd=cwd,
-        env=env,
+    committed = repo.with_config(_identity(call, repo)).run(
+        ["commit", "--quiet", "--no-verify", "--cleanup=whitespace", "-F", "-"],
         stdin=message.encode("utf-8"),
     )
     _check(committed, "git commit")
-    commit = _git_out(["rev-parse", "HEAD"], cwd, env) or ""
-    branch = _git_out(["symbolic-ref", "--short", "-q", "HEAD"], cwd, env)
-    changed = run_git(
-        ["diff-tree", "-r", "--root", "--no-commit-id", "--name-only", "-z", "HEAD"],
-        cwd=cwd,
-        env=env,
-    )
+    commit = repo.out(["rev-parse", "HEAD"]) or ""
+    branch = repo.out(["symbolic-ref", "--short", "-q", "HEAD"])
+    changed = repo.run(["diff-tree", "-r", "--root", "--no-commit-id", "--name-only", "-z", "HEAD"])
     files = [f for f in changed.stdout.split("\x00") if f]
     summary = message.strip().splitlines()[0]
     noun = "file" if len(files) == 1 else "files"
@@ -506,9 +480,8 @@ def git_branch(call: Call) -> ToolOutput:
             f"choose another name",
             error_type="InvalidArguments",
         )
-    env = git_env(call)
-    _repository_root(call, cwd, env)
-    valid = run_git(["check-ref-format", "--branch", name], cwd=cwd, env=env)
+    repo = _repository(call, cwd)
+    valid = repo.run(["check-ref-format", "--branch", name])
     # --branch expands @{-1} to the previous branch; a name must stand for itself ("@" is HEAD).
     expanded = valid.stdout.strip()
     if valid.returncode != 0 or expanded != name or name == "@":
@@ -518,8 +491,8 @@ def git_branch(call: Call) -> ToolOutput:
             error_type="InvalidArguments",
         )
     ref = f"refs/heads/{name}"
-    existed = run_git(["show-ref", "--verify", "--quiet", ref], cwd=cwd, env=env).returncode == 0
-    switched = run_git(["switch", "-c", name] if create else ["switch", name], cwd=cwd, env=env)
+    existed = repo.run(["show-ref", "--verify", "--quiet", ref]).returncode == 0
+    switched = repo.run(["switch", "-c", name] if create else ["switch", name])
     if switched.returncode != 0:
         if create and existed:
             hint = "; it exists already: pass create=false to switch to it"
@@ -532,7 +505,7 @@ def git_branch(call: Call) -> ToolOutput:
             error_type="GitError",
         )
     created = not existed
-    head = _git_out(["rev-parse", "--verify", "-q", "HEAD"], cwd, env)
+    head = repo.out(["rev-parse", "--verify", "-q", "HEAD"])
     verb = "created and switched to" if created else "switched to"
     return ToolOutput(
         f"{verb} branch {name!r}" + (f" at {head[:7]}" if head else ""),
@@ -540,40 +513,143 @@ def git_branch(call: Call) -> ToolOutput:
     )
 
 
-def _repository_root(call: Call, cwd: Path, env: Mapping[str, str]) -> Path:
-    found = run_git(["rev-parse", "--show-toplevel"], cwd=cwd, env=env)
-    top = found.stdout.strip()
-    if found.returncode != 0 or not top:
+# ---------------------------------------------------------------------------------------------
+# The repository, checked and pinned
+
+
+@dataclass(frozen=True, slots=True)
+class Repository:
+    """A repository whose parts were checked to lie inside the base, and the environment that
+    pins every later git command to exactly those parts (``GIT_DIR``, ``GIT_WORK_TREE``), with
+    the repository's drivers neutralised."""
+
+    call: Call
+    cwd: Path
+    location: gitsafe.GitLocation
+    config: tuple[tuple[str, str], ...]
+
+    def env(self) -> dict[str, str]:
+        env = git_env(self.call, config=self.config)
+        env["GIT_DIR"] = str(self.location.git_dir)
+        if self.location.work_tree is not None:
+            env["GIT_WORK_TREE"] = str(self.location.work_tree)
+        return env
+
+    def with_config(self, extra: Sequence[tuple[str, str]]) -> Repository:
+        return Repository(self.call, self.cwd, self.location, (*self.config, *extra))
+
+    def run(self, args: Sequence[str], *, stdin: bytes | None = None) -> GitResult:
+        return run_git(
+            args, cwd=self.cwd, env=self.env(), stdin=stdin, pass_fds=_inherited(self.call)
+        )
+
+    def out(self, args: Sequence[str]) -> str | None:
+        result = self.run(args)
+        text = result.stdout.strip()
+        return text if result.returncode == 0 and text else None
+
+
+def _repository(call: Call, cwd: Path) -> Repository:
+    """Locate the repository of ``cwd`` with hardened git and refuse it unless its git dir,
+    common dir, work tree and object alternates all lie inside the base."""
+    env = git_env(call)
+    found = run_git(gitsafe.LOCATE_QUERY, cwd=cwd, env=env, pass_fds=_inherited(call))
+    location = gitsafe.parse_location(found.stdout) if found.returncode == 0 else None
+    if location is None:
+        if "safe.bareRepository" in found.stderr:
+            raise SecurityError(
+                f"{call.rel(cwd)} is a bare repository (a directory holding HEAD, config, "
+                f"objects/ and refs/ itself); bare repositories are only used when named "
+                f"explicitly, so the git tools refuse it. Use a repository with a .git directory"
+            )
         raise ToolFailure(
             f"not a git repository: {call.rel(cwd)} (git_clone or `git init` first)",
             error_type="NotARepository",
         )
-    root = Path(os.path.realpath(top))
-    if root != call.base and call.base not in root.parents:
+    parts = [("git directory", location.git_dir), ("common directory", location.common_dir)]
+    if location.work_tree is None:
         raise SecurityError(
-            f"the repository of {call.rel(cwd)} has its work tree at {root}, outside the base "
-            f"{call.base}; the git tools only work on repositories inside the base"
+            f"the repository of {call.rel(cwd)} has no work tree; the git tools refuse it"
         )
-    return root
+    parts.append(("work tree", location.work_tree))
+    for what, where in parts:
+        if not _inside(call.base, where):
+            raise SecurityError(
+                f"the repository of {call.rel(cwd)} has its {what} at {where}, outside the base "
+                f"{call.base} (through a .git file, core.worktree or commondir); the git tools "
+                f"only work on repositories that lie wholly inside the base"
+            )
+    borrowed = gitsafe.outside_alternates(location.common_dir, call.base)
+    if borrowed:
+        raise SecurityError(
+            f"the repository of {call.rel(cwd)} reads objects from outside the base "
+            f"(objects/info/alternates: {', '.join(borrowed[:3])}); the git tools refuse it"
+        )
+    pinned = Repository(call, cwd, location, ())
+    names = run_git(gitsafe.DRIVER_QUERY, cwd=cwd, env=pinned.env(), pass_fds=_inherited(call))
+    drivers = gitsafe.driver_overrides(gitsafe.config_names(names.stdout))
+    return pinned.with_config(drivers)
 
 
-def _fallback_identity(cwd: Path, env: Mapping[str, str]) -> list[str]:
-    """``-c user.name=... -c user.email=...`` for whichever is not configured, else nothing."""
-    args: list[str] = []
-    name_set = run_git(["config", "user.name"], cwd=cwd, env=env).returncode == 0
-    if not name_set and not (env.get("GIT_AUTHOR_NAME") and env.get("GIT_COMMITTER_NAME")):
-        args += ["-c", f"user.name={FALLBACK_NAME}"]
-    email_set = run_git(["config", "user.email"], cwd=cwd, env=env).returncode == 0
-    from_env = env.get("EMAIL") or (env.get("GIT_AUTHOR_EMAIL") and env.get("GIT_COMMITTER_EMAIL"))
-    if not email_set and not from_env:
-        args += ["-c", f"user.email={FALLBACK_EMAIL}"]
-    return args
+def _inside(base: Path, path: Path) -> bool:
+    return path == base or base in path.parents
 
 
-def _git_out(args: Sequence[str], cwd: Path, env: Mapping[str, str]) -> str | None:
-    result = run_git(args, cwd=cwd, env=env)
-    out = result.stdout.strip()
-    return out if result.returncode == 0 and out else None
+def _inherited(call: Call) -> tuple[int, ...]:
+    return tuple(getattr(call, "inherit_fds", ()) or ())
+
+
+def _refuse_protected_destination(call: Call, target: Path) -> None:
+    """A clone writes its destination: the policies that deny ``write_file`` a path (under
+    ``SAFE_POLICIES``: ``.git/``, ``.env*``, key files) deny the clone that path too, by the
+    same matching (:meth:`Policy.matches`)."""
+    rel = call.rel(target)
+    for policy in call.permissions.policies:
+        if policy.effect == "deny" and policy.matches("tool:write_file", rel):
+            why = policy.reason or f"a policy denies {policy.action}"
+            raise SecurityError(
+                f"tool:git_clone is denied on {rel!r}: a clone writes there, and writing it is "
+                f"denied ({why})"
+            )
+
+
+def _identity(call: Call, repo: Repository) -> list[tuple[str, str]]:
+    """``user.name`` / ``user.email`` for whichever the repository does not configure: your
+    global git config's value (read as a value; nothing else of it is used), else the fallback
+    (unless the environment names one)."""
+    out: list[tuple[str, str]] = []
+    env = call.env
+    for key, fallback, from_env in (
+        ("user.name", FALLBACK_NAME, env.get("GIT_AUTHOR_NAME") and env.get("GIT_COMMITTER_NAME")),
+        (
+            "user.email",
+            FALLBACK_EMAIL,
+            env.get("EMAIL") or (env.get("GIT_AUTHOR_EMAIL") and env.get("GIT_COMMITTER_EMAIL")),
+        ),
+    ):
+        if repo.run(["config", key]).returncode == 0:
+            continue
+        user = _user_global(call, key)
+        if user:
+            out.append((key, user))
+        elif not from_env:
+            out.append((key, fallback))
+    return out
+
+
+def _user_global(call: Call, key: str) -> str | None:
+    """One value of the user's global git config (``--global`` reads no include), read outside
+    any repository."""
+    env = {
+        k: v
+        for k, v in child_env(call.env).items()
+        if (k not in ("GIT_DIR", "GIT_WORK_TREE") and not k.startswith("GIT_CONFIG_"))
+        or k == "GIT_CONFIG_GLOBAL"
+    }
+    env["GIT_CONFIG_NOSYSTEM"] = "1"
+    result = run_git(["config", "--global", "--get", key], cwd=Path("/"), env=env)
+    value = result.stdout.strip()
+    return value if result.returncode == 0 and value and "\n" not in value else None
 
 
 def _check(result: GitResult, what: str) -> None:

@@ -2,10 +2,13 @@
 
 The command runs in its own process group with stdin closed, a timeout that kills the whole group,
 a cap on the output kept (head and tail), and an environment with credentials removed
-(:func:`kiso.tools.env.child_env`). ``cwd`` is sandboxed like any path, but the command itself can
+(:func:`kiso.tools.env.child_env`; the names the executer was given as ``pass_env`` are passed
+through). The command inherits the execution's liveness guard, so while any of its processes
+lives the execution is reported *running*; when the executer is killed (``kill -9`` included)
+the shell supervisor kills them. ``cwd`` is sandboxed like any path, but the command itself can
 do anything the executer's user can: path checks cannot contain a shell. That is why
 ``SAFE_POLICIES`` refuse it; where commands must be contained, run the executer under OS isolation
-(see docs/executer.md, "The terminal is not sandboxed").
+(see docs/executer.md, "The threat model").
 """
 
 from __future__ import annotations
@@ -54,10 +57,11 @@ def terminal(call: Call) -> ToolOutput:
         result = run_command(
             command,
             cwd=cwd,
-            env=child_env(call.env),
+            env=child_env(call.env, keep=call.pass_env),
             timeout_ms=timeout_s * 1000,
             output_limit=DEFAULT_OUTPUT_LIMIT,
             shell=shell,
+            pass_fds=call.inherit_fds,
         )
     except OSError as exc:
         raise ToolFailure(f"could not start the shell in {call.rel(cwd)}: {exc.strerror}") from None
