@@ -1,0 +1,209 @@
+"""Projects and API keys.
+
+A key is ``kyr_`` + 32 random bytes (url-safe base64, 43 characters): shown once, when it is
+made. Only a keyed hash is stored (HMAC-SHA256 under the server's secret, ``secret.key`` in
+``$KYRONIX_HOME`` or ``KYRONIX_KEY_SECRET``), with a short display prefix (``kyr_AbCdEfGh``).
+A presented key is hashed and looked up by its hash, and the stored hash is compared with
+:func:`hmac.compare_digest`: nothing about a key is compared byte by byte in variable time.
+Last use is recorded, at most once a minute per key (a write per request would serialize every
+request on the database's one writer for a timestamp).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, func, select, update
+
+from kyronix.errors import KyronixUsageError
+from kyronix.server import billing
+from kyronix.server.db import api_keys, now_ms, projects
+
+__all__ = [
+    "KEY_PATTERN",
+    "KeyInfo",
+    "Project",
+    "create_key",
+    "create_project",
+    "find_project",
+    "hash_key",
+    "list_keys",
+    "load_secret",
+    "lookup_key",
+    "revoke_key",
+]
+
+KEY_PREFIX = "kyr_"
+KEY_PATTERN = re.compile(r"kyr_[A-Za-z0-9_-]{43}")
+PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+LAST_USE_EVERY_MS = 60_000
+
+
+@dataclass(frozen=True)
+class Project:
+    id: str
+    name: str
+    created_at: int
+    credits: int
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    id: str
+    project_id: str
+    prefix: str
+    name: str | None
+    created_at: int
+    last_used_at: int | None
+    revoked_at: int | None
+
+
+def load_secret(home: Path, configured: bytes | None = None) -> bytes:
+    """The key-hashing secret: ``configured`` (``KYRONIX_KEY_SECRET``), else ``secret.key`` in
+    ``home``, made (0600, 32 random bytes) on first use."""
+    if configured:
+        return configured
+    path = home / "secret.key"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = b""
+    if len(data) >= 32:
+        return data
+    fresh = secrets.token_bytes(32)
+    tmp = home / f".secret.key.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, fresh)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)  # never clobber a secret another process just made
+    except FileExistsError:
+        os.unlink(tmp)
+        return path.read_bytes()
+    os.unlink(tmp)
+    return fresh
+
+
+def hash_key(secret: bytes, key: str) -> str:
+    return hmac.new(secret, key.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _project(row: Any) -> Project:
+    return Project(row.id, row.name, row.created_at, row.credits)
+
+
+def create_project(conn: Connection, name: str, initial_credits: int) -> Project:
+    """A new project with its initial grant in the ledger (one transaction: the caller's)."""
+    if not PROJECT_NAME.fullmatch(name):
+        raise KyronixUsageError(
+            f"invalid project name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit"
+        )
+    if conn.execute(select(projects.c.id).where(projects.c.name == name)).first():
+        raise KyronixUsageError(f"a project named {name!r} already exists")
+    pid = f"proj_{secrets.token_hex(8)}"
+    at = now_ms()
+    conn.execute(projects.insert().values(id=pid, name=name, created_at=at, credits=0))
+    if initial_credits:
+        billing.grant(conn, pid, initial_credits, note="project created")
+    return Project(pid, name, at, initial_credits)
+
+
+def find_project(conn: Connection, ref: str) -> Project | None:
+    """A project by id or by name."""
+    row = conn.execute(
+        select(projects).where((projects.c.id == ref) | (projects.c.name == ref))
+    ).first()
+    return _project(row) if row is not None else None
+
+
+def get_project(conn: Connection, project_id: str) -> Project | None:
+    row = conn.execute(select(projects).where(projects.c.id == project_id)).first()
+    return _project(row) if row is not None else None
+
+
+def list_projects(conn: Connection) -> list[Project]:
+    return [_project(r) for r in conn.execute(select(projects).order_by(projects.c.created_at))]
+
+
+def create_key(
+    conn: Connection, secret: bytes, project_id: str, name: str | None = None
+) -> tuple[str, KeyInfo]:
+    """A new key for the project: (the key itself, shown once; what is stored)."""
+    raw = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
+    key = KEY_PREFIX + raw
+    info = KeyInfo(
+        id=f"key_{secrets.token_hex(6)}",
+        project_id=project_id,
+        prefix=key[:12],
+        name=name,
+        created_at=now_ms(),
+        last_used_at=None,
+        revoked_at=None,
+    )
+    conn.execute(
+        api_keys.insert().values(
+            id=info.id,
+            project_id=project_id,
+            prefix=info.prefix,
+            hash=hash_key(secret, key),
+            name=name,
+            created_at=info.created_at,
+        )
+    )
+    return key, info
+
+
+def _key(row: Any) -> KeyInfo:
+    return KeyInfo(
+        row.id, row.project_id, row.prefix, row.name, row.created_at, row.last_used_at,
+        row.revoked_at,
+    )  # fmt: skip
+
+
+def list_keys(conn: Connection, project_id: str | None = None) -> list[KeyInfo]:
+    query = select(api_keys).order_by(api_keys.c.created_at)
+    if project_id is not None:
+        query = query.where(api_keys.c.project_id == project_id)
+    return [_key(r) for r in conn.execute(query)]
+
+
+def revoke_key(conn: Connection, ref: str) -> KeyInfo | None:
+    """Revoke a key by its id or display prefix; None if no such key."""
+    row = conn.execute(
+        select(api_keys).where((api_keys.c.id == ref) | (api_keys.c.prefix == ref))
+    ).first()
+    if row is None:
+        return None
+    if row.revoked_at is None:
+        conn.execute(update(api_keys).where(api_keys.c.id == row.id).values(revoked_at=now_ms()))
+    return _key(conn.execute(select(api_keys).where(api_keys.c.id == row.id)).one())
+
+
+def lookup_key(conn: Connection, secret: bytes, key: str) -> KeyInfo | None:
+    """The live (not revoked) key ``key`` names, or None. ``key`` must already match
+    :data:`KEY_PATTERN`."""
+    digest = hash_key(secret, key)
+    row = conn.execute(select(api_keys).where(api_keys.c.hash == digest)).first()
+    if row is None or not hmac.compare_digest(row.hash, digest) or row.revoked_at is not None:
+        return None
+    return _key(row)
+
+
+def touch_key(conn: Connection, key_id: str, at: int) -> None:
+    conn.execute(update(api_keys).where(api_keys.c.id == key_id).values(last_used_at=at))
+
+
+def count_keys(conn: Connection) -> int:
+    return int(conn.execute(select(func.count()).select_from(api_keys)).scalar_one())

@@ -1,0 +1,208 @@
+"""Credits: an append-only ledger, two-phase holds, and a sweep for holds nobody settled.
+
+Every change to a project's credits is one ledger row, written in the same transaction as the
+change to ``kx_projects.credits`` (the cached balance), so the balance always equals the sum of
+the project's ledger:
+
+=========  =========  ===========================================================
+kind       amount     when
+=========  =========  ===========================================================
+grant      +N         project creation (100 credits), ``kyronix credits grant``
+hold       -h         a run reserves h before its model is called
+settle     -cost      the run's real price, ``max(minimum, provider cost x multiplier)``
+release    +h         the hold goes back (just before its settle, or alone when the run
+                      did not finish: failed, interrupted, swept)
+refund     +x         credits given back for a settled run
+=========  =========  ===========================================================
+
+A run is three short transactions: **reserve** (a conditional update — credits >= h — plus the
+hold row and its ledger row, or :class:`InsufficientCredits` before anything is called), the
+model call with **no transaction open**, and **settle** (idempotent per hold: only a hold still
+``held`` is settled or released). A hold no live run will settle (its server was killed) is
+released by :func:`sweep`, at start and periodically. The balance is the credits available now:
+holds of runs in flight are already taken out, so concurrent runs can never overdraw it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, func, select, update
+
+from kyronix.errors import KyronixRefusedError
+from kyronix.server.db import holds, ledger, now_ms, projects
+
+__all__ = [
+    "InsufficientCredits",
+    "balance",
+    "grant",
+    "held",
+    "ledger_sum",
+    "release",
+    "reserve",
+    "settle",
+]
+
+
+class InsufficientCredits(KyronixRefusedError):
+    """A hold could not be taken: the project's credits (millicredits) are short."""
+
+    def __init__(self, required: int, available: int, held: int) -> None:
+        super().__init__("insufficient credits", status_code=402)
+        self.required = required
+        self.available = available
+        self.held = held
+
+
+@dataclass(frozen=True)
+class Hold:
+    id: str
+    project_id: str
+    run_id: str
+    amount: int
+
+
+def _entry(
+    conn: Connection,
+    project_id: str,
+    kind: str,
+    amount: int,
+    *,
+    hold_id: str | None = None,
+    run_id: str | None = None,
+    note: str | None = None,
+    at: int | None = None,
+) -> None:
+    conn.execute(
+        ledger.insert().values(
+            project_id=project_id,
+            kind=kind,
+            amount=amount,
+            hold_id=hold_id,
+            run_id=run_id,
+            note=note,
+            created_at=at if at is not None else now_ms(),
+        )
+    )
+    conn.execute(
+        update(projects)
+        .where(projects.c.id == project_id)
+        .values(credits=projects.c.credits + amount)
+    )
+
+
+def grant(conn: Connection, project_id: str, amount: int, *, note: str | None = None) -> None:
+    _entry(conn, project_id, "grant", amount, note=note)
+
+
+def refund(conn: Connection, project_id: str, amount: int, run_id: str, note: str | None) -> None:
+    _entry(conn, project_id, "refund", amount, run_id=run_id, note=note)
+
+
+def balance(conn: Connection, project_id: str) -> int:
+    value = conn.execute(select(projects.c.credits).where(projects.c.id == project_id)).scalar()
+    return int(value or 0)
+
+
+def ledger_sum(conn: Connection, project_id: str) -> int:
+    value = conn.execute(
+        select(func.coalesce(func.sum(ledger.c.amount), 0)).where(ledger.c.project_id == project_id)
+    ).scalar_one()
+    return int(value)
+
+
+def held(conn: Connection, project_id: str) -> int:
+    value = conn.execute(
+        select(func.coalesce(func.sum(holds.c.amount), 0)).where(
+            (holds.c.project_id == project_id) & (holds.c.status == "held")
+        )
+    ).scalar_one()
+    return int(value)
+
+
+def reserve(conn: Connection, project_id: str, run_id: str, amount: int, ttl_ms: int) -> Hold:
+    """Take ``amount`` out of the project's credits for ``run_id``, or raise
+    :class:`InsufficientCredits` (nothing written)."""
+    at = now_ms()
+    taken = conn.execute(
+        update(projects)
+        .where((projects.c.id == project_id) & (projects.c.credits >= amount))
+        .values(credits=projects.c.credits - amount)
+    ).rowcount
+    if taken != 1:
+        raise InsufficientCredits(amount, balance(conn, project_id), held(conn, project_id))
+    hold = Hold(f"hold_{secrets.token_hex(8)}", project_id, run_id, amount)
+    conn.execute(
+        holds.insert().values(
+            id=hold.id,
+            project_id=project_id,
+            run_id=run_id,
+            amount=amount,
+            status="held",
+            created_at=at,
+            expires_at=at + ttl_ms,
+        )
+    )
+    conn.execute(
+        ledger.insert().values(
+            project_id=project_id,
+            kind="hold",
+            amount=-amount,
+            hold_id=hold.id,
+            run_id=run_id,
+            created_at=at,
+        )
+    )
+    return hold
+
+
+def _close(conn: Connection, run_id: str, status: str) -> tuple[str, str, int] | None:
+    """Mark the run's hold closed if it is still held: (hold id, project, amount), else None."""
+    row = conn.execute(
+        select(holds.c.id, holds.c.project_id, holds.c.amount).where(
+            (holds.c.run_id == run_id) & (holds.c.status == "held")
+        )
+    ).first()
+    if row is None:
+        return None
+    done = conn.execute(
+        update(holds)
+        .where((holds.c.id == row.id) & (holds.c.status == "held"))
+        .values(status=status, closed_at=now_ms())
+    ).rowcount
+    return (row.id, row.project_id, row.amount) if done == 1 else None
+
+
+def settle(conn: Connection, run_id: str, cost: int) -> bool:
+    """Charge ``cost`` for the run and give its hold back; False if it was already settled or
+    released (idempotent)."""
+    closed = _close(conn, run_id, "settled")
+    if closed is None:
+        return False
+    hold_id, project_id, amount = closed
+    at = now_ms()
+    # The release first: then every prefix of the ledger is a balance the project had.
+    _entry(conn, project_id, "release", amount, hold_id=hold_id, run_id=run_id, at=at)
+    _entry(conn, project_id, "settle", -cost, hold_id=hold_id, run_id=run_id, at=at)
+    return True
+
+
+def release(conn: Connection, run_id: str, note: str | None = None) -> bool:
+    """Give the run's whole hold back (nothing charged); False if already closed."""
+    closed = _close(conn, run_id, "released")
+    if closed is None:
+        return False
+    hold_id, project_id, amount = closed
+    _entry(conn, project_id, "release", amount, hold_id=hold_id, run_id=run_id, note=note)
+    return True
+
+
+def expired_holds(conn: Connection, at: int) -> list[str]:
+    """Run ids whose holds are still held past their expiry."""
+    return [
+        r.run_id
+        for r in conn.execute(
+            select(holds.c.run_id).where((holds.c.status == "held") & (holds.c.expires_at <= at))
+        )
+    ]

@@ -1,0 +1,241 @@
+"""The server's settings: ``$KYRONIX_HOME``, ``server.json``, the environment, the flags.
+
+State lives in ``$KYRONIX_HOME`` (default ``~/.kyronix``, created 0700):
+
+* ``kyronix.sqlite3`` — projects, keys, credits, sessions, runs (unless ``--db`` names another);
+* ``sessions/`` — the kiso session logs (until the SQL session store holds them);
+* ``secret.key`` — the key that API keys are hashed with (0600, made on first use);
+* ``config.json`` — the model, in kiso's profile shapes (``{"model": ..., "models": {...}}``);
+* ``server.json`` — the settings below, all optional::
+
+    {"multiplier": 1.5, "minimumCharge": 0.5, "initialCredits": 100, "creditsPerUsd": 85,
+     "hold": 5, "holdTtl": 900, "runTimeout": 600, "drainTimeout": 30,
+     "rateLimit": {"perMinute": 600, "burst": 120}, "cors": ["https://app.example"],
+     "scriptedDelayMs": 0, "kmlGrammar": false, "maxBody": 1048576}
+
+Environment variables override the file: ``KYRONIX_MODEL`` (a profile name or
+``provider/model``), ``KYRONIX_MULTIPLIER``, ``KYRONIX_RATE_LIMIT`` (requests per minute per key),
+``KYRONIX_RATE_BURST``, ``KYRONIX_CORS`` (comma-separated origins), ``KYRONIX_SCRIPTED_DELAY_MS``,
+``KYRONIX_DRAIN_TIMEOUT``, ``KYRONIX_KEY_SECRET``. Credits are kept as integer millicredits
+inside; the API shows credits as numbers (``99.5``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kyronix.errors import KyronixUsageError
+
+__all__ = ["MILLI", "ServerConfig", "kyronix_home", "load_server_config", "to_credits"]
+
+MILLI = 1000
+"""Millicredits per credit."""
+
+
+def to_credits(milli: int) -> float:
+    return milli / MILLI
+
+
+def kyronix_home(environ: Mapping[str, str] | None = None) -> Path:
+    """``$KYRONIX_HOME``, or ``~/.kyronix`` when it is unset or empty."""
+    env = os.environ if environ is None else environ
+    value = env.get("KYRONIX_HOME", "")
+    return Path(value).expanduser() if value else Path.home() / ".kyronix"
+
+
+def ensure_home(home: Path) -> Path:
+    """Create ``home`` 0700 if missing (an existing one keeps its owner's mode)."""
+    try:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KyronixUsageError(
+            f"cannot create the Kyronix home {home}: {exc.strerror or exc}; set KYRONIX_HOME to "
+            f"a directory you can write"
+        ) from None
+    return home
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    home: Path
+    db_url: str | None = None
+    """None: ``sqlite:///$KYRONIX_HOME/kyronix.sqlite3``."""
+    multiplier: float = 1.5
+    minimum_charge: int = 500
+    """Millicredits: the least a run costs (0.5 credits)."""
+    initial_credits: int = 100 * MILLI
+    credits_per_usd: float = 85.0
+    """Provider cost is in US dollars; 1 credit is about 1 INR."""
+    hold: int = 5 * MILLI
+    """What a run with a configured model reserves before the model is called (millicredits).
+    The scripted model reserves exactly its price, the minimum charge."""
+    hold_ttl: float = 900.0
+    """Seconds after which a hold no live run settles is released by the sweep."""
+    run_timeout: float = 600.0
+    drain_timeout: float = 30.0
+    rate_per_minute: float = 600.0
+    rate_burst: int = 120
+    cors: tuple[str, ...] = ()
+    scripted_delay_ms: int = 0
+    kml_grammar: bool = False
+    max_body: int = 1024 * 1024
+    model: str | None = None
+    """``KYRONIX_MODEL``: a profile of config.json or ``provider/model``; None: config.json's."""
+    sweep_interval: float = 60.0
+    key_secret: bytes | None = field(default=None, repr=False)
+
+    @property
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.home / 'kyronix.sqlite3'}"
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.home / "sessions"
+
+    def with_(self, **changes: Any) -> ServerConfig:
+        return replace(self, **changes)
+
+
+_KEYS = {
+    "multiplier": "a number >= 1",
+    "minimumCharge": "a number of credits >= 0",
+    "initialCredits": "a number of credits >= 0",
+    "creditsPerUsd": "a number > 0",
+    "hold": "a number of credits > 0",
+    "holdTtl": "seconds > 0",
+    "runTimeout": "seconds > 0",
+    "drainTimeout": "seconds >= 0",
+    "rateLimit": 'an object {"perMinute": number, "burst": integer}',
+    "cors": "a list of origins",
+    "scriptedDelayMs": "an integer >= 0",
+    "kmlGrammar": "true or false",
+    "maxBody": "an integer number of bytes > 0",
+    "sweepInterval": "seconds > 0",
+}
+
+
+def _number(path: Path, key: str, value: Any, *, low: float, strict: bool = False) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or value < low or (strict and value == low):
+        raise KyronixUsageError(f"{path}: {key}: must be {_KEYS[key]}, got {value!r}")
+    return float(value)
+
+
+def _milli(value: float) -> int:
+    return round(value * MILLI)
+
+
+def load_server_config(
+    home: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    db_url: str | None = None,
+) -> ServerConfig:
+    """The settings from ``server.json`` in ``home`` and the environment (see the module)."""
+    env = os.environ if environ is None else environ
+    home = home if home is not None else kyronix_home(env)
+    cfg = ServerConfig(home=home, db_url=db_url)
+    path = home / "server.json"
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        data: dict[str, Any] = {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KyronixUsageError(f"{path}: cannot read it ({exc})") from None
+    else:
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise KyronixUsageError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise KyronixUsageError(f"{path}: must be a JSON object")
+    changes: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in _KEYS:
+            raise KyronixUsageError(
+                f"{path}: unknown key {key!r}; known keys: {', '.join(sorted(_KEYS))}"
+            )
+        if key == "multiplier":
+            changes["multiplier"] = _number(path, key, value, low=1)
+        elif key == "minimumCharge":
+            changes["minimum_charge"] = _milli(_number(path, key, value, low=0))
+        elif key == "initialCredits":
+            changes["initial_credits"] = _milli(_number(path, key, value, low=0))
+        elif key == "creditsPerUsd":
+            changes["credits_per_usd"] = _number(path, key, value, low=0, strict=True)
+        elif key == "hold":
+            changes["hold"] = _milli(_number(path, key, value, low=0, strict=True))
+        elif key == "holdTtl":
+            changes["hold_ttl"] = _number(path, key, value, low=0, strict=True)
+        elif key == "runTimeout":
+            changes["run_timeout"] = _number(path, key, value, low=0, strict=True)
+        elif key == "drainTimeout":
+            changes["drain_timeout"] = _number(path, key, value, low=0)
+        elif key == "sweepInterval":
+            changes["sweep_interval"] = _number(path, key, value, low=0, strict=True)
+        elif key == "rateLimit":
+            if not isinstance(value, dict) or set(value) - {"perMinute", "burst"}:
+                raise KyronixUsageError(f"{path}: rateLimit: must be {_KEYS[key]}")
+            if "perMinute" in value:
+                changes["rate_per_minute"] = _number(
+                    path, key, value["perMinute"], low=0, strict=True
+                )
+            if "burst" in value:
+                changes["rate_burst"] = int(_number(path, key, value["burst"], low=1))
+        elif key == "cors":
+            if not isinstance(value, list) or not all(isinstance(o, str) for o in value):
+                raise KyronixUsageError(f"{path}: cors: must be {_KEYS[key]}")
+            changes["cors"] = tuple(value)
+        elif key == "scriptedDelayMs":
+            changes["scripted_delay_ms"] = int(_number(path, key, value, low=0))
+        elif key == "kmlGrammar":
+            if not isinstance(value, bool):
+                raise KyronixUsageError(f"{path}: kmlGrammar: must be true or false")
+            changes["kml_grammar"] = value
+        elif key == "maxBody":
+            changes["max_body"] = int(_number(path, key, value, low=0, strict=True))
+    changes.update(_from_env(env))
+    return replace(cfg, **changes)
+
+
+def _env_number(env: Mapping[str, str], name: str, *, low: float) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise KyronixUsageError(f"${name}: must be a number, got {raw!r}") from None
+    if value < low:
+        raise KyronixUsageError(f"${name}: must be at least {low:g}, got {raw!r}")
+    return value
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if env.get("KYRONIX_MODEL"):
+        out["model"] = env["KYRONIX_MODEL"]
+    if (v := _env_number(env, "KYRONIX_MULTIPLIER", low=1)) is not None:
+        out["multiplier"] = v
+    if (v := _env_number(env, "KYRONIX_RATE_LIMIT", low=0.001)) is not None:
+        out["rate_per_minute"] = v
+    if (v := _env_number(env, "KYRONIX_RATE_BURST", low=1)) is not None:
+        out["rate_burst"] = int(v)
+    if (v := _env_number(env, "KYRONIX_SCRIPTED_DELAY_MS", low=0)) is not None:
+        out["scripted_delay_ms"] = int(v)
+    if (v := _env_number(env, "KYRONIX_DRAIN_TIMEOUT", low=0)) is not None:
+        out["drain_timeout"] = v
+    if (v := _env_number(env, "KYRONIX_HOLD_TTL", low=0.001)) is not None:
+        out["hold_ttl"] = v
+    if (v := _env_number(env, "KYRONIX_SWEEP_INTERVAL", low=0.001)) is not None:
+        out["sweep_interval"] = v
+    if env.get("KYRONIX_CORS"):
+        out["cors"] = tuple(o.strip() for o in env["KYRONIX_CORS"].split(",") if o.strip())
+    if env.get("KYRONIX_KEY_SECRET"):
+        out["key_secret"] = env["KYRONIX_KEY_SECRET"].encode()
+    return out

@@ -1,0 +1,192 @@
+"""The server's database: its tables (SQLAlchemy Core), the engine, one writer at a time.
+
+SQLite by default (WAL, ``synchronous=FULL``, ``BEGIN IMMEDIATE`` for writes, a busy timeout for
+the CLI writing beside a running server: the engine is :func:`kiso.kernel.sql.make_engine`'s);
+PostgreSQL later with the same tables. Every write in this process goes through one lock
+(:meth:`Database.write`, the lock :mod:`kiso.kernel.sql` keeps per database file): under 20
+writers that is ~3x the throughput of SQLite's own busy handler and a far shorter worst case
+(../shared/reference/platform-server-anchors.md, B1). Each call is one short transaction; no
+transaction is ever open while a model runs.
+
+Credits are integer millicredits. Times are unix milliseconds. The schema is created and
+upgraded by the Alembic scripts in :mod:`kyronix.server.migrations` (``migrate``), never by
+``metadata.create_all``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    Column,
+    Connection,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+__all__ = [
+    "Database",
+    "api_keys",
+    "custom_agents",
+    "holds",
+    "ledger",
+    "metadata",
+    "now_ms",
+    "projects",
+    "runs",
+    "sessions",
+]
+
+T = TypeVar("T")
+
+metadata = MetaData()
+
+projects = Table(
+    "kx_projects",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("created_at", Integer, nullable=False),
+    Column("credits", Integer, nullable=False),  # millicredits; always the ledger's sum
+)
+
+api_keys = Table(
+    "kx_api_keys",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("project_id", String(64), ForeignKey("kx_projects.id"), nullable=False),
+    Column("prefix", String(32), nullable=False),
+    Column("hash", String(128), nullable=False, unique=True),
+    Column("name", String(128)),
+    Column("created_at", Integer, nullable=False),
+    Column("last_used_at", Integer),
+    Column("revoked_at", Integer),
+    Index("kx_api_keys_project", "project_id"),
+)
+
+ledger = Table(
+    "kx_ledger",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("project_id", String(64), ForeignKey("kx_projects.id"), nullable=False),
+    Column("kind", String(16), nullable=False),  # grant | hold | settle | release | refund
+    Column("amount", Integer, nullable=False),  # millicredits, signed
+    Column("hold_id", String(64)),
+    Column("run_id", String(64)),
+    Column("note", Text),
+    Column("created_at", Integer, nullable=False),
+    Index("kx_ledger_project", "project_id"),
+)
+
+holds = Table(
+    "kx_holds",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("project_id", String(64), ForeignKey("kx_projects.id"), nullable=False),
+    Column("run_id", String(64), nullable=False, unique=True),
+    Column("amount", Integer, nullable=False),
+    Column("status", String(16), nullable=False),  # held | settled | released
+    Column("created_at", Integer, nullable=False),
+    Column("expires_at", Integer, nullable=False),
+    Column("closed_at", Integer),
+    Index("kx_holds_open", "status", "expires_at"),
+)
+
+sessions = Table(
+    "kx_sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("project_id", String(64), ForeignKey("kx_projects.id"), nullable=False),
+    Column("agent", String(64), nullable=False),
+    Column("custom_agent_id", String(64)),
+    Column("created_at", Integer, nullable=False),
+    Column("active_run", String(64)),  # one active run per session, set by a conditional update
+    Index("kx_sessions_project", "project_id"),
+)
+
+runs = Table(
+    "kx_runs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("project_id", String(64), ForeignKey("kx_projects.id"), nullable=False),
+    Column("session_id", String(64), nullable=False),
+    Column("agent", String(64), nullable=False),
+    Column("custom_agent_id", String(64)),
+    Column("status", String(16), nullable=False),  # running | completed | failed | interrupted
+    Column("idem_key", String(255)),
+    Column("request_hash", String(64)),
+    Column("owner", String(64), nullable=False),
+    Column("input", Text),  # what was asked (the session log shows it if the run is cut short)
+    Column("created_at", Integer, nullable=False),
+    Column("finished_at", Integer),
+    Column("http_status", Integer),
+    Column("result", Text),  # the JSON body the run answered (200 or an error body)
+    Column("transcript", Text),  # JSON list: the text of each model attempt
+    Column("cost", Integer),
+    Column("usage_input", Integer),
+    Column("usage_output", Integer),
+    UniqueConstraint("project_id", "idem_key", name="kx_runs_idem"),
+    Index("kx_runs_status", "status"),
+    Index("kx_runs_session", "session_id"),
+)
+
+custom_agents = Table(
+    "kx_custom_agents",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("project_id", String(64), ForeignKey("kx_projects.id"), nullable=False),
+    Column("name", String(128), nullable=False),
+    Column("description", Text, nullable=False),
+    Column("tools", Text, nullable=False),  # JSON list of {name, description, params, disabled}
+    Column("created_at", Integer, nullable=False),
+    Column("updated_at", Integer, nullable=False),
+    Index("kx_custom_agents_project", "project_id"),
+)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Database:
+    """The engine plus the process's one write lock. ``write``/``read`` run ``fn(connection)``
+    in one transaction (blocking: call them from a worker thread in async code).
+
+    The engine and the lock are the SQL session store's (:mod:`kiso.kernel.sql`): the kiso
+    session logs live in the same database, and every write of the process, theirs and ours,
+    goes through the one lock of that database file.
+    """
+
+    def __init__(self, url: str) -> None:
+        from kiso.kernel.sql import make_engine
+
+        self.url = url
+        self.engine = make_engine(url, **_pool(url))
+        self.is_sqlite = url.startswith("sqlite")
+
+    def write(self, fn: Callable[[Connection], T]) -> T:
+        from kiso.kernel.sql import writing
+
+        with writing(self.engine) as conn:
+            return fn(conn)
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        with self.engine.connect() as conn, conn.begin():
+            return fn(conn)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _pool(url: str) -> dict[str, Any]:
+    if url.startswith("sqlite") and url not in ("sqlite://", "sqlite:///:memory:"):
+        return {"pool_size": 8, "max_overflow": 8}
+    return {}

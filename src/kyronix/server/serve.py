@@ -1,0 +1,100 @@
+"""``kyronix serve``: one uvicorn process, one server per database, a graceful drain on SIGTERM.
+
+SIGTERM (or Ctrl-C) starts the drain at once: ``/api`` answers 503 ``draining``, uvicorn stops
+accepting connections and lets requests in flight finish for up to ``drainTimeout`` seconds;
+then every run still going is recorded interrupted (its hold released) before the process exits.
+
+One server per SQLite database: ``serve`` holds an exclusive lock on ``<home>/server.lock``, so
+the start sweep (which interrupts every run it finds ``running``) can never touch a live
+server's runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from kyronix.errors import KyronixUsageError
+from kyronix.server.config import ServerConfig
+
+__all__ = ["is_loopback", "serve"]
+
+log = logging.getLogger("kyronix.server")
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _lock(home: Path) -> int:
+    fd = os.open(home / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise KyronixUsageError(
+            f"another kyronix server is already running on {home} (it holds server.lock); stop "
+            f"it first, or give this one its own KYRONIX_HOME"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def serve(config: ServerConfig, host: str, port: int, *, announce: Any = None) -> None:
+    import uvicorn
+
+    from kyronix.server.app import create_app
+    from kyronix.server.config import ensure_home
+
+    ensure_home(config.home)
+    lock = _lock(config.home)
+    try:
+        app = create_app(config)
+        state = app.state.kx
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                state.begin_drain()
+                super().handle_exit(sig, frame)
+                # A drained stop is a normal exit (status 0), not death by the signal.
+                self._captured_signals.clear()
+
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+        uv = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=False,
+            timeout_graceful_shutdown=max(1, int(config.drain_timeout)),
+            lifespan="on",
+        )
+        server = Server(uv)
+        if announce is not None:
+            original = server.startup
+
+            async def startup(sockets: Any = None) -> None:
+                await original(sockets)
+                for srv in server.servers:
+                    for sock in srv.sockets:
+                        bound = sock.getsockname()
+                        announce(f"http://{host}:{bound[1]}")
+                        return
+
+            server.startup = startup  # type: ignore[method-assign]
+        server.run()
+        if not server.started:
+            sys.exit(1)
+    finally:
+        os.close(lock)
