@@ -92,3 +92,27 @@ def test_migrations_are_shipped_and_reach_head(tmp_path: Path) -> None:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         db.close()
+
+
+def test_the_migrated_kiso_tables_are_exactly_the_kernels(tmp_path: Path) -> None:
+    """Migration 0002 spells the session tables out; they must match kiso.kernel.sql's."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from kiso.kernel.sql import metadata
+    from kyronix.server.db import Database
+    from kyronix.server.migrations import migrate
+
+    db = Database(f"sqlite:///{tmp_path / 'x.sqlite3'}")
+    try:
+        migrate(db)
+
+        def kiso_only(name: str | None, kind: str, parent: dict[str, str | None]) -> bool:
+            table = name if kind == "table" else parent.get("table_name")
+            return table is None or table.startswith("kiso_")
+
+        with db.engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"include_name": kiso_only})
+            assert compare_metadata(context, metadata) == []
+    finally:
+        db.close()
