@@ -377,6 +377,28 @@ def test_piped_stdin_is_appended_to_the_prompt_after_a_blank_line(tmp_path: Path
     assert users(home, "a1")[-1] == "and this"  # /dev/null: nothing appended, no wait
 
 
+def test_attachments_are_read_from_the_typed_prompt_never_from_piped_text(
+    tmp_path: Path,
+) -> None:
+    """`git diff | kiso -p review`: a hostile diff naming @~/.kiso/auth.json must not pull the
+    file into the prompt; the typed prompt's own @path still attaches."""
+    home = tmp_path / "home"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("sk-SECRET-9999\n")
+    (tmp_path / "notes.txt").write_text("NOTES BODY\n")
+    s = script(tmp_path, {"text": "a"}, {"text": "b"}, {"text": "c"})
+    hostile = f"+ see @{secret} and file://{secret}\n".encode()
+    env = {"KISO_HOME": str(home), "KISO_FAUX_SCRIPT": s}
+    for args in (("-p", "review this", "p1"), ("-p", "-", "p1"), ("-p", "read @notes.txt", "p1")):
+        out = piped(tmp_path, args, hostile, **env)
+        assert out.returncode == 0, out.stderr
+        assert b"attached" not in out.stderr or b"notes.txt" in out.stderr
+    log = b"".join(f.read_bytes() for f in home.glob("projects/*/p1.jsonl"))
+    assert b"sk-SECRET-9999" not in log  # piped text was sent as it came
+    assert log.count(f"@{secret}".encode()) == 3  # ... verbatim, each time
+    assert b"NOTES BODY" in log  # the typed prompt's attachment still works
+
+
 def test_a_stdin_pipe_nobody_writes_to_does_not_hang_a_prompt(tmp_path: Path) -> None:
     home = tmp_path / "home"
     s = script(tmp_path, {"text": "went ahead"})
@@ -490,6 +512,9 @@ def stub(kind):
         o = kw.pop("options", None)
         kw["options"] = None if o is None else [o.append_system_prompt, o.system_prompt_file]
         kw["prompt"] = args[0] if args else kw.get("prompt")
+        given = kw["prompt"]
+        if hasattr(given, "typed"):  # a headless PromptInput: the typed and the piped parts
+            kw["prompt"] = (chr(10) * 2).join(x for x in (given.typed, given.piped) if x)
         print("CALLED", kind, json.dumps(kw, sort_keys=True), flush=True)
         return 0
     return run

@@ -19,6 +19,7 @@ import click
 from kiso import __version__
 
 if TYPE_CHECKING:
+    from kiso.cli.print_mode import PromptInput
     from kiso.cli.setup import RunOptions
 
 
@@ -168,7 +169,11 @@ class _Run:
         self.options = _options(append, system_file)
 
     def headless(
-        self, prompt: str | None, session_id: str | None, *, must_exist: bool = False
+        self,
+        prompt: str | PromptInput | None,
+        session_id: str | None,
+        *,
+        must_exist: bool = False,
     ) -> int:
         from kiso.cli.print_mode import run_headless
 
@@ -366,9 +371,12 @@ def _check_usage(session_id: str | None, mode: str | None) -> None:
         raise click.UsageError(str(exc)) from None
 
 
-def _prompt_text(value: str) -> str:
+def _prompt_text(value: str) -> PromptInput:
     """The prompt of ``-p``: ``-`` (or a bare ``-p``) reads all of stdin; a prompt given with a
-    piped stdin gets the stdin text after a blank line (``cat f | kiso -p "explain"``)."""
+    piped stdin gets the stdin text after a blank line (``cat f | kiso -p "explain"``). Only the
+    typed part has its attachments read: piped text is sent as it is."""
+    from kiso.cli.print_mode import PromptInput
+
     stdin = sys.stdin
     piped = stdin is not None and not stdin.isatty()
     if value == "-":
@@ -380,11 +388,11 @@ def _prompt_text(value: str) -> str:
         text = _read_stdin(None)
         if text is None or not text.strip():
             raise click.UsageError("the prompt read from stdin is empty")
-        return text
+        return PromptInput("", text)
     if not value.strip():
         raise click.UsageError('the prompt is empty: `kiso -p "prompt"`')
     if not piped:
-        return value
+        return PromptInput(value)
     extra = _read_stdin(STDIN_WAIT)
     if extra is None:
         click.echo(
@@ -392,8 +400,8 @@ def _prompt_text(value: str) -> str:
             "(`< /dev/null` skips the wait, `kiso -p -` waits for stdin)",
             err=True,
         )
-        return value
-    return f"{value}\n\n{extra}" if extra.strip() else value
+        return PromptInput(value)
+    return PromptInput(value, extra) if extra.strip() else PromptInput(value)
 
 
 def _read_stdin(wait: float | None) -> str | None:

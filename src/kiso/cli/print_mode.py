@@ -24,6 +24,7 @@ import stat
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -38,8 +39,18 @@ if TYPE_CHECKING:
 __all__ = ["fail", "run_headless"]
 
 
+@dataclass(frozen=True, slots=True)
+class PromptInput:
+    r"""A headless prompt: what was typed on the command line, whose ``@path``\ s and image paths
+    are attached, and what came on stdin, sent as it is (piped text is data, and anyone may have
+    written it: a ``@~/.ssh/id_rsa`` in a piped diff must not pull the key into the prompt)."""
+
+    typed: str
+    piped: str | None = None
+
+
 def run_headless(
-    prompt: str | None,
+    prompt: str | PromptInput | None,
     *,
     session_id: str | None,
     model: str | None,
@@ -55,7 +66,8 @@ def run_headless(
     out = _Output(output_format)
     try:
         setup = prepare(model=model, mode=mode, options=options)
-        sent = _attached(prompt, setup) if prompt else None
+        given = PromptInput(prompt) if isinstance(prompt, str) else prompt
+        sent = _attached(given, setup) if given is not None else None
         ruling = parse_ruling(resolve) if resolve is not None else None
         with open_session(setup, session_id, headless=True, must_exist=must_exist) as session:
             out.on_closed = lambda: session.abort("output closed")
@@ -101,7 +113,7 @@ def fail(output_format: str, message: str) -> int:
     return 1
 
 
-def _exit_code(prompt: str | None, outcome: Outcome | None, blocked: bool) -> int:
+def _exit_code(prompt: str | PromptInput | None, outcome: Outcome | None, blocked: bool) -> int:
     """0 when the run completed, or when there was nothing to resume and no prompt; else 1."""
     if blocked:
         return 1
@@ -299,10 +311,22 @@ def _summary(events: list[Event]) -> dict[str, Any]:
     }
 
 
-def _attached(prompt: str, setup: Setup) -> Expansion:
-    """The prompt with its ``@path`` files and image paths attached (docs/attachments.md)."""
-    from kiso.cli.attach import expand
+def _attached(given: PromptInput, setup: Setup) -> Expansion:
+    """The typed prompt with its ``@path`` files and image paths attached (docs/attachments.md),
+    then the piped text as it came."""
+    from kiso.cli.attach import Expansion, expand
+    from kiso.kernel import TextBlock
     from kiso.providers.registry import supports_images
 
     name = setup.agent.adapter.model
-    return expand(prompt, setup.workspace, vision=supports_images(name), model=name)
+    typed = given.typed
+    if typed.strip():
+        sent = expand(typed, setup.workspace, vision=supports_images(name), model=name)
+    else:
+        sent = Expansion(typed)
+    if given.piped is None:
+        return sent
+    rest = f"\n\n{given.piped}" if typed else given.piped
+    if isinstance(sent.prompt, str):
+        return Expansion(sent.prompt + rest, sent.notes)
+    return Expansion([*sent.prompt, TextBlock(rest)], sent.notes)
