@@ -31,6 +31,8 @@ import pytest
 DOC = Path(__file__).resolve().parents[3] / "docs" / "executer.md"
 BWRAP = shutil.which("bwrap")
 KYRONIX = str(Path(sys.executable).with_name("kyronix"))
+INSTALL = Path(__file__).resolve().parents[3]
+"""The checkout: this venv and the editable install's sources both live in it."""
 
 pytestmark = pytest.mark.skipif(BWRAP is None, reason="bubblewrap (bwrap) is not installed")
 
@@ -135,7 +137,12 @@ def test_the_documented_recipe_confines_the_terminal(tmp_path: Path, canary: int
     )
     argv = _fill(
         recipe(),
-        {"BASE": str(base), "KYRONIX_HOME": str(home), "PLAN": "-"},
+        {
+            "BASE": str(base),
+            "KYRONIX_HOME": str(home),
+            "PLAN": "-",
+            "KYRONIX_INSTALL": str(INSTALL),
+        },
     )
     argv = [KYRONIX if arg == "kyronix" else arg for arg in argv]  # this venv's kyronix
     assert argv[0] == "bwrap" and "--unshare-all" in argv and "--share-net" not in argv
