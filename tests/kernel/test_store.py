@@ -28,7 +28,6 @@ from kiso.kernel.events import (
     Assistant,
     ExecutionFinished,
     ExecutionStarted,
-    TextBlock,
     ToolCall,
     Usage,
 )
@@ -41,31 +40,6 @@ def start(run: str = "r1") -> list[RunStarted | User]:
         RunStarted(run=run, trigger="user", model=ModelRef("faux", "m"), mode="default"),
         User(run=run, content="hello there"),
     ]
-
-
-def test_listing_states_and_titles(store: Store, workspace: Path, tmp_path: Path) -> None:
-    other = tmp_path / "other"
-    other.mkdir()
-    with store.create(workspace, session_id="done") as w:
-        w.append(*start())
-        w.append(
-            Assistant(
-                run="r1", blocks=(TextBlock("hi"),), stop="end_turn", usage=Usage(), model="m", ms=1
-            ),
-            RunEnded(run="r1", outcome=Outcome.completed()),
-        )
-    with store.create(workspace, session_id="open") as w:
-        w.append(*start())
-    store.create(other, session_id="elsewhere").close()
-    rows = {r.id: r for r in store.list(workspace)}
-    assert set(rows) == {"done", "open"}
-    assert rows["done"].state.value == "completed"
-    assert rows["open"].state.value == "interrupted"
-    assert rows["done"].title == "hello there"
-    assert rows["done"].runs == 1 and rows["done"].inputs == 1 and rows["done"].events == 4
-    assert {r.id for r in store.list()} == {"done", "open", "elsewhere"}
-    assert store.list()[0].id == "elsewhere"  # newest activity first
-    assert {r.state.value for r in store.list(other)} == {"empty"}
 
 
 # --------------------------------------------------------------------------- JSONL on disk
