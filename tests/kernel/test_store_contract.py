@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select, update
+from sqlalchemy import Column, MetaData, String, Table, event, select, update
 
 import kiso
 from kiso.kernel import (
@@ -55,12 +55,13 @@ from kiso.kernel import (
     TextBlock,
     ToolCall,
     Usage,
+    UsageError,
     User,
     parse_log,
     summarize,
 )
 from kiso.kernel.events import EVENT_TYPES, dumps_line
-from kiso.kernel.sql import SqlSessionStore, create_schema, make_engine
+from kiso.kernel.sql import SqlSessionStore, SqlWriter, create_schema, make_engine, writing
 from kiso.kernel.sql import events as event_rows
 from kiso.kernel.sql import sessions as session_rows
 from kiso.kernel.sql import writers as writer_rows
@@ -923,3 +924,102 @@ def test_the_sql_store_example_in_the_docs_runs() -> None:
         section.index("```python\n") + 10 : section.index("```\n", section.index("```python"))
     ]
     exec(compile(code, "docs/durability.md", "exec"), {})
+
+
+# ------------------------------------------------- the SQL store: an application's rows with it
+
+_side_meta = MetaData()
+_side = Table("app_side", _side_meta, Column("note", String(64), nullable=False))
+
+
+def _side_notes(store: SqlSessionStore) -> list[str]:
+    with store.engine.connect() as conn:
+        return [r.note for r in conn.execute(select(_side.c.note))]
+
+
+def test_attached_rows_commit_in_the_batch_that_makes_their_event_durable(
+    sql: SqlSessionStore, workspace: Path
+) -> None:
+    _side_meta.create_all(sql.engine)
+    with sql.create(workspace, session_id="s1") as w:
+        first = w.stage(*start())
+        w.attach(
+            lambda conn: conn.execute(_side.insert().values(note="with r1")), seq=first[-1].seq
+        )
+        assert _side_notes(sql) == []  # staged, not durable: nothing of it yet
+        w.commit()
+        assert _side_notes(sql) == ["with r1"]
+        assert [e.seq for e in sql.load("s1").events] == [1, 2]
+        # a durable (or never staged) event takes nothing: its transaction is over
+        for seq in (2, 3):
+            with pytest.raises(UsageError, match="attach needs a staged event"):
+                w.attach(lambda conn: None, seq=seq)
+        # attached to a later event of a batch: that same batch, not the one before it
+        (end,) = w.stage(ended())
+        w.attach(lambda conn: conn.execute(_side.insert().values(note="with end")), seq=end.seq)
+        w.commit()
+    assert _side_notes(sql) == ["with r1", "with end"]
+
+
+def test_a_failed_batch_takes_its_attached_rows_with_it(
+    sql: SqlSessionStore, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _side_meta.create_all(sql.engine)
+
+    def fail(writer: SqlWriter, batch: Any) -> None:
+        raise RuntimeError("the disk went away")
+
+    w = sql.create(workspace, session_id="s1")
+    staged = w.stage(*start())
+    w.attach(lambda conn: conn.execute(_side.insert().values(note="charge")), seq=staged[0].seq)
+    monkeypatch.setattr(SqlWriter, "_before_commit", fail)
+    with pytest.raises(Exception, match="the disk went away"):
+        w.commit()
+    monkeypatch.setattr(SqlWriter, "_before_commit", None)
+    w.close()
+    assert _side_notes(sql) == []  # neither the events nor the application's row
+    assert sql.load("s1").events == ()
+
+
+def test_an_attached_function_that_raises_fails_the_batch(
+    sql: SqlSessionStore, workspace: Path
+) -> None:
+    def boom(conn: Any) -> None:
+        raise ValueError("refused by the application")
+
+    w = sql.create(workspace, session_id="s1")
+    staged = w.stage(*start())
+    w.attach(boom, seq=staged[-1].seq)
+    with pytest.raises(Exception, match="refused by the application"):
+        w.commit()
+    w.close()
+    assert sql.load("s1").events == ()
+
+
+def test_create_can_join_the_callers_transaction(sql: SqlSessionStore, workspace: Path) -> None:
+    _side_meta.create_all(sql.engine)
+    # rolled back: neither the session nor the caller's row, and the writer closes harmlessly
+    made: list[SqlWriter] = []
+
+    def admit_then_give_up() -> None:
+        with writing(sql.engine) as conn:
+            conn.execute(_side.insert().values(note="admitted"))
+            made.append(sql.create(workspace, session_id="s1", connection=conn))
+            assert lease(sql, "s1") is None  # not visible outside the transaction yet
+            raise RuntimeError("caller gives up")
+
+    with pytest.raises(RuntimeError, match="caller gives up"):
+        admit_then_give_up()
+    made[0].close()
+    with pytest.raises(SessionNotFoundError):
+        sql.load("s1")
+    assert _side_notes(sql) == []
+    # committed: both, and the writer holds the lease and appends
+    with writing(sql.engine) as conn:
+        conn.execute(_side.insert().values(note="admitted"))
+        w = sql.create(workspace, session_id="s1", connection=conn)
+    assert _side_notes(sql) == ["admitted"]
+    assert lease(sql, "s1")["token"] == w.token  # type: ignore[index]
+    w.append(*start())
+    w.close()
+    assert [e.type for e in sql.load("s1").events] == ["run_started", "user"]

@@ -48,6 +48,7 @@ import errno
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -126,6 +127,8 @@ _MOVE = update(sessions).where(  # the compare-and-set, fenced by the lease
     ),
 )
 _INSERT = insert(events)
+_CREATE = insert(sessions)
+_LEASE = insert(writers)
 
 
 # --------------------------------------------------------------------------- the lease
@@ -143,8 +146,8 @@ class _Holder:
     @classmethod
     def me(cls) -> _Holder:
         now = wall_clock_ms()
-        pid = os.getpid()
-        return cls(secrets.token_hex(16), pid, socket.gethostname(), _identity(pid), now, now)
+        pid, host, process = _myself()
+        return cls(secrets.token_hex(16), pid, host, process, now, now)
 
     @classmethod
     def of(cls, row: Row[Any]) -> _Holder:
@@ -174,6 +177,18 @@ def _boot_id() -> str:
         except OSError:
             _boot.append("")
     return _boot[0]
+
+
+_me: tuple[int, str, str | None] | None = None
+
+
+def _myself() -> tuple[int, str, str | None]:
+    """This process's pid, host and identity (read once per process: a fork reads again)."""
+    global _me
+    pid = os.getpid()
+    if _me is None or _me[0] != pid:
+        _me = (pid, socket.gethostname(), _identity(pid))
+    return _me
 
 
 def _identity(pid: int) -> str | None:
@@ -216,6 +231,31 @@ class SqlWriter(SessionWriter):
         self._fold = fold if fold is not None else Replay(render=False).feed(log.events)
         self._stored = log.events[-1].seq if log.events else 0  # the last seq in the database
         self._renew_at = time.monotonic() + store._renew_every  # the lease was renewed just now
+        self._attached: list[tuple[int, Callable[[Connection], None]]] = []
+        self._attach_lock = threading.Lock()
+
+    def attach(self, fn: Callable[[Connection], None], *, seq: int) -> None:
+        """Run ``fn(connection)`` inside the transaction that makes event ``seq`` durable, after
+        the batch's rows: the application's own rows commit with the events, or neither does.
+
+        ``seq`` must be staged and not yet durable (:class:`~kiso.kernel.errors.UsageError`
+        otherwise). ``fn`` runs on the writer's I/O thread; an exception from it rolls the whole
+        batch back and fails it (the writer is then unusable, as after any failed batch). A
+        batch that fails drops the functions attached to it: they did not commit.
+        """
+        with self._attach_lock:
+            if not self._stored < seq < self.next_seq:
+                raise UsageError(
+                    f"session {self.id}: attach needs a staged event that is not durable yet "
+                    f"(seq {self._stored + 1}-{self.next_seq - 1}), not seq {seq}"
+                )
+            self._attached.append((seq, fn))
+
+    def _take_attached(self, last: int) -> list[Callable[[Connection], None]]:
+        with self._attach_lock:
+            due = [fn for seq, fn in self._attached if seq <= last]
+            self._attached = [(seq, fn) for seq, fn in self._attached if seq > last]
+        return due
 
     def _write(self, data: bytes, count: int) -> None:
         first = self._stored + 1
@@ -340,11 +380,14 @@ class SqlSessionStore:
         session_id: str | None = None,
         parent: str | None = None,
         project: str | None = None,
+        connection: Connection | None = None,
     ) -> SqlWriter:
         """Store a new session's header and return its writer, holding the lease.
 
         ``project`` scopes the session (``list(project=...)``); it is a column of the session
-        row, not part of the log.
+        row, not part of the log. ``connection``: an open write transaction of this store's
+        database (:func:`writing`) to create the session in, so that it commits with the
+        caller's own rows; the caller commits it, and closes the writer unused if it rolls back.
         """
         sid = check_session_id(session_id) if session_id is not None else new_id()
         if project is not None and (not isinstance(project, str) or not 0 < len(project) <= 128):
@@ -365,9 +408,11 @@ class SqlSessionStore:
         fold = Replay(render=False)
         me = _Holder.me()
         try:
-            with writing(self.engine) as conn:
-                conn.execute(insert(sessions).values(**row, **_projection(header, fold, 0)))
-                conn.execute(insert(writers).values(session_id=sid, **me.values()))
+            with (
+                writing(self.engine) if connection is None else contextlib.nullcontext(connection)
+            ) as conn:
+                conn.execute(_CREATE, {**row, **_projection(header, fold, 0)})
+                conn.execute(_LEASE, {"session_id": sid, **me.values()})
         except IntegrityError:
             raise SessionExistsError(f"session {sid!r} already exists in {self.where}") from None
         except SQLAlchemyError as exc:
@@ -594,6 +639,7 @@ class SqlSessionStore:
         ]
         lost = f"{count} event(s) were not committed"
         renew = time.monotonic() >= writer._renew_at
+        attached = writer._take_attached(batch[-1].seq)
         try:
             with writing(self.engine) as conn:
                 if renew:  # the lease says it is alive (the compare-and-set checks it is ours)
@@ -602,6 +648,8 @@ class SqlSessionStore:
                 if conn.execute(_MOVE, params | projection).rowcount != 1:
                     raise _Moved
                 conn.execute(_INSERT, rows)
+                for fn in attached:
+                    fn(conn)
                 hook = SqlWriter._before_commit
                 if hook is not None:
                     hook(writer, batch)
@@ -652,7 +700,7 @@ class SqlSessionStore:
         for _ in range(LEASE_ATTEMPTS):
             try:
                 with writing(self.engine) as conn:
-                    conn.execute(insert(writers).values(session_id=sid, **me.values()))
+                    conn.execute(_LEASE, {"session_id": sid, **me.values()})
                 return
             except IntegrityError:
                 pass  # held, or no such session

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,12 +84,17 @@ class Run:
         self.session = session
         self.agent = session.agent
         self.abort = AbortSignal()
-        self.child_env = self.agent.child_env()  # the environment as the run (re)starts
         self.model_ms = 0.0
         self.seen = len(session.events)
         """Events before this index have been reported (or were there before the run)."""
         self.ended: tuple[str, Outcome] | None = None
         """The run and its outcome, once ``run_ended`` is durable."""
+
+    @functools.cached_property
+    def child_env(self) -> Mapping[str, str]:
+        """The environment for the run's children, taken when its first tool starts (a run that
+        runs no tool never computes it)."""
+        return self.agent.child_env()
 
     def info(self, run_id: str) -> RunInfo:
         s = self.session

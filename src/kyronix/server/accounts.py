@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, bindparam, func, select, update
 
 from kyronix.errors import KyronixUsageError
 from kyronix.server import billing
@@ -191,11 +191,14 @@ def revoke_key(conn: Connection, ref: str) -> KeyInfo | None:
     return _key(conn.execute(select(api_keys).where(api_keys.c.id == row.id)).one())
 
 
+_BY_HASH = select(api_keys).where(api_keys.c.hash == bindparam("b_hash"))
+
+
 def lookup_key(conn: Connection, secret: bytes, key: str) -> KeyInfo | None:
     """The live (not revoked) key ``key`` names, or None. ``key`` must already match
     :data:`KEY_PATTERN`."""
     digest = hash_key(secret, key)
-    row = conn.execute(select(api_keys).where(api_keys.c.hash == digest)).first()
+    row = conn.execute(_BY_HASH, {"b_hash": digest}).first()
     if row is None or not hmac.compare_digest(row.hash, digest) or row.revoked_at is not None:
         return None
     return _key(row)

@@ -394,7 +394,7 @@ def _sse(handle: RunHandle, last_event_id: str | None) -> EventSourceResponse:
             return
         attempt, offset = position
         while True:
-            changed = handle._changed  # taken before emitting: a change meanwhile is not missed
+            changed = handle.changed()  # taken before emitting: a change meanwhile is not missed
             while attempt < len(handle.texts):
                 text = handle.texts[attempt]
                 if offset < len(text):

@@ -207,6 +207,7 @@ def create_app(
                 await sweeper
             left = max(0.0, (state.drain_deadline or time.monotonic()) - time.monotonic())
             await state.manager.drain(left)
+            await asyncio.to_thread(state.manager.close_idle)
             if state.background:
                 await asyncio.gather(*state.background, return_exceptions=True)
             db.close()

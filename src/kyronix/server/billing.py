@@ -28,7 +28,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, bindparam, func, select, update
 
 from kyronix.errors import KyronixRefusedError
 from kyronix.server.db import holds, ledger, now_ms, projects
@@ -55,6 +55,30 @@ class InsufficientCredits(KyronixRefusedError):
         self.held = held
 
 
+# Built once: a statement reused with parameters skips SQLAlchemy's per-call construction and
+# cache-key work (the ledger is on every run's path).
+_LEDGER = ledger.insert()
+_CREDIT = (
+    update(projects)
+    .where(projects.c.id == bindparam("b_project"))
+    .values(credits=projects.c.credits + bindparam("b_amount"))
+)
+_TAKE = (
+    update(projects)
+    .where((projects.c.id == bindparam("b_project")) & (projects.c.credits >= bindparam("b_need")))
+    .values(credits=projects.c.credits - bindparam("b_need"))
+)
+_HOLD = holds.insert()
+_CLOSE = (  # one statement: only a hold still held is closed, and says what it was
+    update(holds)
+    .where((holds.c.run_id == bindparam("b_run")) & (holds.c.status == "held"))
+    .values(status=bindparam("b_status"), closed_at=bindparam("b_at"))
+    .returning(holds.c.id, holds.c.project_id, holds.c.amount)
+)
+_CREDIT_BALANCE = _CREDIT.returning(projects.c.credits)
+_BALANCE = select(projects.c.credits).where(projects.c.id == bindparam("b_project"))
+
+
 @dataclass(frozen=True)
 class Hold:
     id: str
@@ -75,21 +99,18 @@ def _entry(
     at: int | None = None,
 ) -> None:
     conn.execute(
-        ledger.insert().values(
-            project_id=project_id,
-            kind=kind,
-            amount=amount,
-            hold_id=hold_id,
-            run_id=run_id,
-            note=note,
-            created_at=at if at is not None else now_ms(),
-        )
+        _LEDGER,
+        {
+            "project_id": project_id,
+            "kind": kind,
+            "amount": amount,
+            "hold_id": hold_id,
+            "run_id": run_id,
+            "note": note,
+            "created_at": at if at is not None else now_ms(),
+        },
     )
-    conn.execute(
-        update(projects)
-        .where(projects.c.id == project_id)
-        .values(credits=projects.c.credits + amount)
-    )
+    conn.execute(_CREDIT, {"b_project": project_id, "b_amount": amount})
 
 
 def grant(conn: Connection, project_id: str, amount: int, *, note: str | None = None) -> None:
@@ -101,7 +122,7 @@ def refund(conn: Connection, project_id: str, amount: int, run_id: str, note: st
 
 
 def balance(conn: Connection, project_id: str) -> int:
-    value = conn.execute(select(projects.c.credits).where(projects.c.id == project_id)).scalar()
+    value = conn.execute(_BALANCE, {"b_project": project_id}).scalar()
     return int(value or 0)
 
 
@@ -125,67 +146,67 @@ def reserve(conn: Connection, project_id: str, run_id: str, amount: int, ttl_ms:
     """Take ``amount`` out of the project's credits for ``run_id``, or raise
     :class:`InsufficientCredits` (nothing written)."""
     at = now_ms()
-    taken = conn.execute(
-        update(projects)
-        .where((projects.c.id == project_id) & (projects.c.credits >= amount))
-        .values(credits=projects.c.credits - amount)
-    ).rowcount
+    taken = conn.execute(_TAKE, {"b_project": project_id, "b_need": amount}).rowcount
     if taken != 1:
         raise InsufficientCredits(amount, balance(conn, project_id), held(conn, project_id))
     hold = Hold(f"hold_{secrets.token_hex(8)}", project_id, run_id, amount)
     conn.execute(
-        holds.insert().values(
-            id=hold.id,
-            project_id=project_id,
-            run_id=run_id,
-            amount=amount,
-            status="held",
-            created_at=at,
-            expires_at=at + ttl_ms,
-        )
+        _HOLD,
+        {
+            "id": hold.id,
+            "project_id": project_id,
+            "run_id": run_id,
+            "amount": amount,
+            "status": "held",
+            "created_at": at,
+            "expires_at": at + ttl_ms,
+        },
     )
     conn.execute(
-        ledger.insert().values(
-            project_id=project_id,
-            kind="hold",
-            amount=-amount,
-            hold_id=hold.id,
-            run_id=run_id,
-            created_at=at,
-        )
+        _LEDGER,
+        {
+            "project_id": project_id,
+            "kind": "hold",
+            "amount": -amount,
+            "hold_id": hold.id,
+            "run_id": run_id,
+            "note": None,
+            "created_at": at,
+        },
     )
     return hold
 
 
 def _close(conn: Connection, run_id: str, status: str) -> tuple[str, str, int] | None:
     """Mark the run's hold closed if it is still held: (hold id, project, amount), else None."""
-    row = conn.execute(
-        select(holds.c.id, holds.c.project_id, holds.c.amount).where(
-            (holds.c.run_id == run_id) & (holds.c.status == "held")
-        )
-    ).first()
-    if row is None:
+    rows = conn.execute(_CLOSE, {"b_run": run_id, "b_status": status, "b_at": now_ms()}).all()
+    if not rows:
         return None
-    done = conn.execute(
-        update(holds)
-        .where((holds.c.id == row.id) & (holds.c.status == "held"))
-        .values(status=status, closed_at=now_ms())
-    ).rowcount
-    return (row.id, row.project_id, row.amount) if done == 1 else None
+    (row,) = rows  # a run has one hold
+    return (row.id, row.project_id, row.amount)
 
 
-def settle(conn: Connection, run_id: str, cost: int) -> bool:
-    """Charge ``cost`` for the run and give its hold back; False if it was already settled or
-    released (idempotent)."""
+def settle(conn: Connection, run_id: str, cost: int) -> int | None:
+    """Charge ``cost`` for the run and give its hold back: the project's balance after it, or
+    None if the hold was already settled or released (idempotent)."""
     closed = _close(conn, run_id, "settled")
     if closed is None:
-        return False
+        return None
     hold_id, project_id, amount = closed
     at = now_ms()
+    row = {"project_id": project_id, "hold_id": hold_id, "run_id": run_id, "note": None}
     # The release first: then every prefix of the ledger is a balance the project had.
-    _entry(conn, project_id, "release", amount, hold_id=hold_id, run_id=run_id, at=at)
-    _entry(conn, project_id, "settle", -cost, hold_id=hold_id, run_id=run_id, at=at)
-    return True
+    conn.execute(
+        _LEDGER,
+        [
+            {**row, "kind": "release", "amount": amount, "created_at": at},
+            {**row, "kind": "settle", "amount": -cost, "created_at": at},
+        ],
+    )
+    left = conn.execute(
+        _CREDIT_BALANCE, {"b_project": project_id, "b_amount": amount - cost}
+    ).scalar_one()
+    return int(left)
 
 
 def release(conn: Connection, run_id: str, note: str | None = None) -> bool:

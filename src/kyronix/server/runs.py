@@ -1,4 +1,4 @@
-"""Runs: admitted in one transaction, executed outside any request, settled in another.
+"""Runs: admitted in one transaction, executed outside any request, settled with their answer.
 
 A run is a Kyronix agent turn: the request's input goes into a **kiso session** (the Kyronix
 session's id is the kiso session's id) and the session's run produces the model's KML. The
@@ -8,15 +8,22 @@ neither cancels the run nor loses its charge record.
 1. **Admit** (one write transaction): the idempotency key, the session (created when the
    request names none; ``session_busy`` if it has an active run: enforced by a conditional
    update of ``kx_sessions.active_run``), the persona, the credit hold (``insufficient_credits``
-   before anything is called), the ``kx_runs`` row.
+   before anything is called), the ``kx_runs`` row and, for a new session on the SQL store, the
+   kiso log's header and writer lease (``SqlSessionStore.create(connection=...)``).
 2. **Execute** (no transaction open): the kiso session runs on the persona's model; its text
    streams to the handle; the answer is parsed and checked against the persona's tools, and a
    bad answer is sent back to the model once (a second kiso run whose input is the problems,
    ``source: system``). The outcome is recorded in the session log as a ``setting_changed``
    ``kyronix.result`` (the final envelope with its execution ids): ``chat`` is a projection
    of the log.
-3. **Settle** (one write transaction): the charge and the release of the hold, the run row,
-   the session freed. A failed run releases its hold and is charged nothing.
+3. **Settle**: the charge and the release of the hold, the run row, the session freed — in the
+   transaction of the batch that records the result (``SqlWriter.attach``), so the answer and
+   its charge are durable together or not at all; in a transaction of its own otherwise (a JSONL
+   session store, a failed run, which releases its hold and is charged nothing).
+
+Between its runs a session's kiso writer stays open (lease held, log loaded) for the next run:
+up to :data:`OPEN_SESSIONS`, closed after :data:`IDLE_S` idle seconds or at shutdown
+(docs/adr/0017-a-run-in-two-transactions.md).
 
 A run cut short by shutdown, or found ``running`` at start (the server was killed), is
 **interrupted**: its open kiso run is ended (``error``, code ``interrupted``), the outcome is
@@ -34,11 +41,13 @@ import inspect
 import json
 import logging
 import secrets
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, bindparam, select, update
 
 from kiso.kernel import (
     ModelRef,
@@ -53,6 +62,7 @@ from kiso.kernel import (
     new_id,
     replay,
 )
+from kiso.kernel.sql import SqlSessionStore
 from kiso.providers.registry import cost as provider_cost
 from kiso.runtime import Agent, ModelTurn, Session, Terminal, TextDelta
 from kiso.runtime.rules import RulesFile
@@ -75,6 +85,47 @@ RESULT_KEY = "kyronix.result"
 """The ``setting_changed`` key that records a Kyronix run's outcome in its kiso session."""
 RECENT_S = 600.0
 """How long a finished run's handle stays in memory for SSE reconnects (then the DB serves)."""
+OPEN_SESSIONS = 256
+"""How many idle kiso sessions stay open (their writer lease held) for their next run."""
+IDLE_S = 300.0
+"""How long an idle kiso session stays open before the sweep closes it."""
+
+# Built once: the statements on every run's path (reused with parameters, SQLAlchemy skips
+# building them and their cache keys again).
+_IDEM = select(runs).where(
+    (runs.c.project_id == bindparam("b_project")) & (runs.c.idem_key == bindparam("b_key"))
+)
+_SESSION = select(sessions).where(
+    (sessions.c.id == bindparam("b_session")) & (sessions.c.project_id == bindparam("b_project"))
+)
+_NEW_SESSION = sessions.insert()
+_CLAIM = (
+    update(sessions)
+    .where((sessions.c.id == bindparam("b_session")) & sessions.c.active_run.is_(None))
+    .values(active_run=bindparam("b_run"))
+)
+_FREE = (
+    update(sessions)
+    .where(
+        (sessions.c.id == bindparam("b_session")) & (sessions.c.active_run == bindparam("b_run"))
+    )
+    .values(active_run=None)
+)
+_NEW_RUN = runs.insert()
+_FINISH = (
+    update(runs)
+    .where(runs.c.id == bindparam("b_run"))
+    .values(
+        status=bindparam("b_status"),
+        finished_at=bindparam("b_at"),
+        http_status=bindparam("b_http"),
+        result=bindparam("b_result"),
+        transcript=bindparam("b_transcript"),
+        cost=bindparam("b_cost"),
+        usage_input=bindparam("b_in"),
+        usage_output=bindparam("b_out"),
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -96,10 +147,12 @@ class RunHandle:
         self.session_id = session_id
         self.project_id = project_id
         self.texts: list[str] = [""]
+        self.writer: Any = None
+        """The new kiso session's writer, when it was created with the admission."""
         self.status: int | None = None
         self.body: dict[str, Any] | None = None
         self.finished_at: float | None = None
-        self._changed = asyncio.Event()
+        self._changed: asyncio.Event | None = None  # made when someone watches
         self._done = asyncio.Event()
 
     @classmethod
@@ -129,13 +182,20 @@ class RunHandle:
         self._done.set()
         self._wake()
 
+    def changed(self) -> asyncio.Event:
+        """The event the next change sets (take it before reading, to miss nothing)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
     def _wake(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
 
     async def wait_change(self) -> None:
         if not self.done:
-            await self._changed.wait()
+            await self.changed().wait()
 
     async def wait_done(self) -> None:
         await self._done.wait()
@@ -176,6 +236,10 @@ class _Outcome:
     """What is recorded in the session log."""
     recorded: bool = False
     """The result is already staged in the kiso run (it becomes durable with ``run_ended``)."""
+    settle_seq: int | None = None
+    """The charge is settled in the transaction that makes this event of the log durable."""
+    settled: bool = False
+    """That transaction committed (the log is durable past ``settle_seq``)."""
 
 
 class RunManager:
@@ -199,6 +263,13 @@ class RunManager:
         self._workspace = config.sessions_dir
         self._rules = RulesFile(config.home / "rules.json")  # never written: agents run no tools
         self._scoped = "project" in inspect.signature(store.create).parameters
+        self._in_tx = isinstance(store, SqlSessionStore) and store.engine is db.engine
+        """New kiso sessions are created in the admission's transaction, and a run's charge is
+        settled in the transaction of the batch that records its result."""
+        self._idle: OrderedDict[str, tuple[Persona, Session, float]] = OrderedDict()
+        """Open kiso sessions between their runs, least recently used first (their lease held:
+        the next run needs no open, no load, no lease transaction)."""
+        self._idle_lock = threading.Lock()
 
     # ------------------------------------------------------------------ admission
 
@@ -222,11 +293,7 @@ class RunManager:
     def _admit(self, conn: Connection, req: RunRequest) -> tuple[RunHandle, Persona | None, bool]:
         """(handle, persona to run it with, True if it is new)."""
         if req.idem_key is not None:
-            row = conn.execute(
-                select(runs).where(
-                    (runs.c.project_id == req.project_id) & (runs.c.idem_key == req.idem_key)
-                )
-            ).first()
+            row = conn.execute(_IDEM, {"b_project": req.project_id, "b_key": req.idem_key}).first()
             if row is not None:
                 if row.request_hash != req.request_hash:
                     raise ApiError(
@@ -241,9 +308,7 @@ class RunManager:
         at = now_ms()
         if req.session_id is not None:
             srow = conn.execute(
-                select(sessions).where(
-                    (sessions.c.id == req.session_id) & (sessions.c.project_id == req.project_id)
-                )
+                _SESSION, {"b_session": req.session_id, "b_project": req.project_id}
             ).first()
             if srow is None:
                 raise not_found("session", req.session_id)
@@ -288,39 +353,46 @@ class RunManager:
             ) from None
         if new_session:
             conn.execute(
-                sessions.insert().values(
-                    id=session_id,
-                    project_id=req.project_id,
-                    agent=req.agent,
-                    custom_agent_id=custom,
-                    created_at=at,
-                    active_run=run_id,
-                )
+                _NEW_SESSION,
+                {
+                    "id": session_id,
+                    "project_id": req.project_id,
+                    "agent": req.agent,
+                    "custom_agent_id": custom,
+                    "created_at": at,
+                    "active_run": run_id,
+                },
             )
         else:
-            claimed = conn.execute(
-                update(sessions)
-                .where((sessions.c.id == session_id) & sessions.c.active_run.is_(None))
-                .values(active_run=run_id)
-            ).rowcount
+            claimed = conn.execute(_CLAIM, {"b_session": session_id, "b_run": run_id}).rowcount
             if claimed != 1:
                 raise ApiError(409, "session_busy", f"session {session_id} is busy")
         conn.execute(
-            runs.insert().values(
-                id=run_id,
-                project_id=req.project_id,
-                session_id=session_id,
-                agent=req.agent,
-                custom_agent_id=custom,
-                status="running",
-                idem_key=req.idem_key,
-                request_hash=req.request_hash,
-                owner=self.owner,
-                input=req.input,
-                created_at=at,
-            )
+            _NEW_RUN,
+            {
+                "id": run_id,
+                "project_id": req.project_id,
+                "session_id": session_id,
+                "agent": req.agent,
+                "custom_agent_id": custom,
+                "status": "running",
+                "idem_key": req.idem_key,
+                "request_hash": req.request_hash,
+                "owner": self.owner,
+                "input": req.input,
+                "created_at": at,
+            },
         )
-        return RunHandle(run_id, session_id, req.project_id), persona, True
+        handle = RunHandle(run_id, session_id, req.project_id)
+        if new_session and self._in_tx:
+            # the kiso session commits with the admission: one transaction, not two
+            handle.writer = self.store.create(  # type: ignore[call-arg]
+                str(self._workspace),
+                session_id=session_id,
+                project=req.project_id,
+                connection=conn,
+            )
+        return handle, persona, True
 
     def _existing(self, row: Any) -> RunHandle:
         live = self.live.get(row.id)
@@ -340,9 +412,25 @@ class RunManager:
         body = json.loads(row.result) if row.result else error_body("internal_error", "no result")
         return RunHandle.finished(row, texts, row.http_status or 500, body)
 
+    def _admit_tx(self, req: RunRequest) -> tuple[RunHandle, Persona | None, bool]:
+        made: list[RunHandle] = []
+
+        def tx(conn: Connection) -> tuple[RunHandle, Persona | None, bool]:
+            out = self._admit(conn, req)
+            made.append(out[0])
+            return out
+
+        try:
+            return self.db.write(tx)
+        except BaseException:
+            for handle in made:  # the transaction rolled back: so did the session's creation
+                if handle.writer is not None:
+                    handle.writer.close()
+            raise
+
     async def start(self, req: RunRequest) -> tuple[RunHandle, bool]:
         """Admit the run and start it in the background; (handle, True if new)."""
-        handle, persona, new = await asyncio.to_thread(self.db.write, lambda c: self._admit(c, req))
+        handle, persona, new = await asyncio.to_thread(self._admit_tx, req)
         if new:
             assert persona is not None
             self.live[handle.id] = handle
@@ -420,12 +508,16 @@ class RunManager:
 
     async def _converse(self, handle: RunHandle, persona: Persona, req: RunRequest) -> _Outcome:
         agent = self._agent(persona)
-        session = await asyncio.to_thread(self._open_session, agent, handle, persona)
+        session = await self._acquire(agent, handle, persona)
+        keep = False
         try:
             outcome = await self._attempts(handle, session, persona, req)
             if outcome.result is not None and not outcome.recorded:
                 session.stage(SettingChanged(key=RESULT_KEY, value=outcome.result))
                 await session.committed()
+            if outcome.settle_seq is not None:
+                outcome.settled = session.writer.durable_seq >= outcome.settle_seq
+            keep = True
             return outcome
         except BaseException:
             # cut short (shutdown, timeout): end the open kiso run so the log says so
@@ -433,7 +525,53 @@ class RunManager:
                 _end_open_run(session.writer, handle.id, "the run was cut short")
             raise
         finally:
-            await asyncio.to_thread(session.close)
+            if keep and not session.writer.closed:
+                await self._release(handle.session_id, persona, session)
+            else:
+                await asyncio.to_thread(session.close)
+
+    async def _acquire(self, agent: Agent, handle: RunHandle, persona: Persona) -> Session:
+        """The run's kiso session: the one created with the admission, the one left open by the
+        session's last run (same persona), or opened from the store."""
+        if handle.writer is not None:
+            writer, handle.writer = handle.writer, None
+            return Session(agent, writer, headless=True)
+        stale: Session | None = None
+        with self._idle_lock:
+            entry = self._idle.pop(handle.session_id, None)
+        if entry is not None:
+            if entry[0] == persona:
+                return entry[1]
+            stale = entry[1]  # the custom agent changed: open again, the new prompt is recorded
+        if stale is not None:
+            await asyncio.to_thread(stale.close)
+        return await asyncio.to_thread(self._open_session, agent, handle, persona)
+
+    async def _release(self, session_id: str, persona: Persona, session: Session) -> None:
+        """Keep the session open for its next run; close the least recently used past the cap."""
+        with self._idle_lock:
+            self._idle[session_id] = (persona, session, time.monotonic())
+            over = [
+                self._idle.popitem(last=False)[1][1] for _ in range(len(self._idle) - OPEN_SESSIONS)
+            ]
+        if over:
+            await asyncio.to_thread(_close_all, over)
+
+    def _evict(self, session_id: str) -> None:
+        """Close the session if it is idle in this process (before someone else writes it)."""
+        with self._idle_lock:
+            entry = self._idle.pop(session_id, None)
+        if entry is not None:
+            entry[1].close()
+
+    def close_idle(self, older_than: float = 0.0) -> int:
+        """Close the idle sessions unused for ``older_than`` seconds (all of them by default)."""
+        cutoff = time.monotonic() - older_than
+        with self._idle_lock:
+            old = [sid for sid, (_, _, used) in self._idle.items() if used <= cutoff]
+            closing = [self._idle.pop(sid)[1] for sid in old]
+        _close_all(closing)
+        return len(closing)
 
     def _open_session(self, agent: Agent, handle: RunHandle, persona: Persona) -> Session:
         """The run's kiso session, opened for writing (created, scoped to its project, on the
@@ -486,10 +624,15 @@ class RunManager:
                             usd=usd, usage=(usage_in, usage_out),
                         )  # fmt: skip
                         # recorded with the turn's run_ended: one commit, not two
-                        session.stage(
+                        (staged,) = session.stage(
                             SettingChanged(key=RESULT_KEY, value=accepted.result, run=ev.event.run)
                         )
                         accepted.recorded = True
+                        if self._in_tx:  # and charged in that same transaction
+                            session.writer.attach(
+                                functools.partial(self._settle_tx, handle, accepted), seq=staged.seq
+                            )
+                            accepted.settle_seq = staged.seq
                 elif isinstance(ev, Terminal):
                     ended = ev.outcome
             texts.append(text)
@@ -556,37 +699,39 @@ class RunManager:
         }
         return _Outcome(200, body, charge, texts, usage, result)
 
-    async def _settle(self, handle: RunHandle, outcome: _Outcome) -> None:
-        def tx(conn: Connection) -> None:
-            if outcome.cost is not None:
-                billing.settle(conn, handle.id, outcome.cost)
-            else:
-                billing.release(conn, handle.id, note=outcome.body.get("error", {}).get("code"))
-            if outcome.status == 200:
-                outcome.body["creditsRemaining"] = to_credits(
-                    billing.balance(conn, handle.project_id)
-                )
-            conn.execute(
-                update(runs)
-                .where(runs.c.id == handle.id)
-                .values(
-                    status="completed" if outcome.status == 200 else "failed",
-                    finished_at=now_ms(),
-                    http_status=outcome.status,
-                    result=json.dumps(outcome.body),
-                    transcript=json.dumps(outcome.texts),
-                    cost=outcome.cost or 0,
-                    usage_input=outcome.usage[0],
-                    usage_output=outcome.usage[1],
-                )
-            )
-            conn.execute(
-                update(sessions)
-                .where((sessions.c.id == handle.session_id) & (sessions.c.active_run == handle.id))
-                .values(active_run=None)
-            )
+    def _settle_tx(self, handle: RunHandle, outcome: _Outcome, conn: Connection) -> None:
+        left: int | None = None
+        if outcome.cost is not None:
+            left = billing.settle(conn, handle.id, outcome.cost)
+        else:
+            billing.release(conn, handle.id, note=outcome.body.get("error", {}).get("code"))
+        if outcome.status == 200:
+            if left is None:  # settled before (a retry of this transaction)
+                left = billing.balance(conn, handle.project_id)
+            outcome.body["creditsRemaining"] = to_credits(left)
+        conn.execute(
+            _FINISH,
+            {
+                "b_run": handle.id,
+                "b_status": "completed" if outcome.status == 200 else "failed",
+                "b_at": now_ms(),
+                "b_http": outcome.status,
+                "b_result": json.dumps(outcome.body),
+                "b_transcript": json.dumps(outcome.texts),
+                "b_cost": outcome.cost or 0,
+                "b_in": outcome.usage[0],
+                "b_out": outcome.usage[1],
+            },
+        )
+        conn.execute(_FREE, {"b_session": handle.session_id, "b_run": handle.id})
 
-        await asyncio.to_thread(self.db.write, tx)
+    async def _settle(self, handle: RunHandle, outcome: _Outcome) -> None:
+        """Settle the run, unless the batch that recorded its result already did (that batch is
+        durable: the session's log has moved past the event it was attached to)."""
+        if not outcome.settled:
+            await asyncio.to_thread(
+                self.db.write, functools.partial(self._settle_tx, handle, outcome)
+            )
         handle.finish(outcome.status, outcome.body)
         log.info("run %s finished %s (cost %s)", handle.id, outcome.status, outcome.cost)
 
@@ -601,19 +746,24 @@ class RunManager:
         )
 
     async def _interrupt(self, run_id: str, handle: RunHandle | None, why: str) -> None:
-        await asyncio.to_thread(self.interrupt_sync, run_id, why)
+        cut = await asyncio.to_thread(self.interrupt_sync, run_id, why)
         if handle is not None:
-            handle.finish(503, self._interrupted_body(run_id, why))
+            if cut:
+                handle.finish(503, self._interrupted_body(run_id, why))
+            else:  # it finished first (settled with its result): answer what it answered
+                done = await self.handle_of(handle.project_id, run_id)
+                handle.finish(done.status or 500, done.body or {})
 
-    def interrupt_sync(self, run_id: str, why: str) -> None:
-        """Record a run as interrupted: its session log, its hold, its row (idempotent)."""
+    def interrupt_sync(self, run_id: str, why: str) -> bool:
+        """Record a run as interrupted: its session log, its hold, its row (idempotent); False
+        if it was not running."""
 
         def load(conn: Connection) -> Any:
             return conn.execute(select(runs).where(runs.c.id == run_id)).first()
 
         row = self.db.read(load)
         if row is None or row.status != "running":
-            return
+            return False
         self._record_interrupted_in_log(row.session_id, run_id, why, row.input or "")
         body = self._interrupted_body(run_id, why)
 
@@ -640,6 +790,7 @@ class RunManager:
 
         self.db.write(tx)
         log.info("run %s interrupted (%s); its hold was released", run_id, why)
+        return True
 
     def _record_interrupted_in_log(
         self, session_id: str, run_id: str, why: str, asked: str
@@ -647,6 +798,7 @@ class RunManager:
         """End the run's open kiso run (``error: interrupted``) and record the outcome. A run
         whose input never became durable (it is written with the model's turn) gets it back
         from its row, so the log shows what was asked and that it was interrupted."""
+        self._evict(session_id)
         try:
             writer = self.store.open(session_id)
         except SessionNotFoundError:
@@ -713,6 +865,7 @@ class RunManager:
             try:
                 live = {rid for rid, h in self.live.items() if not h.done}
                 await asyncio.to_thread(self._sweep_holds, live)
+                await asyncio.to_thread(self.close_idle, IDLE_S)
                 self._forget_old()
             except Exception:
                 log.exception("the hold sweep failed; it runs again later")
@@ -750,6 +903,14 @@ def _end_open_run(writer: Any, run_id: str, why: str) -> None:
                 ),
             )
         )
+
+
+def _close_all(sessions_: list[Session]) -> None:
+    for session in sessions_:
+        try:
+            session.close()
+        except Exception:  # its lease goes stale with this process; the log is intact
+            log.warning("could not close kiso session %s", session.id)
 
 
 def _release_expired(conn: Connection, *, run_id: str) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 
 from kyronix import kml
 from tests.processes import alive
@@ -138,6 +139,36 @@ def test_sigkill_mid_run_then_restart_releases_the_hold_and_shows_it_interrupted
             assert chat[-1]["status"] == "interrupted" and chat[-1]["runId"] == run_id
             shown = kyronix("credits", "show", "demo", home=home)
             assert shown.returncode == 0 and "held by runs in flight: 0" in shown.stdout
+
+
+def test_sigkill_right_after_the_answer_is_durable_keeps_the_answer_and_its_charge(
+    tmp_path: Path,
+) -> None:
+    """The answer in the session's log and its charge in the ledger are one transaction: killed
+    the instant that batch is durable, the restarted server finds the run completed and charged,
+    not interrupted and released."""
+    home = tmp_path / "home"
+    project, key = bootstrap(home)
+    server = ServerProcess(home, {"KISO_FAILPOINT": "run_ended"})
+    try:
+        # the server dies before it can answer
+        with server.client(headers=auth(key)) as client, pytest.raises(httpx2.HTTPError):
+            client.post("/api/agents/coding", json={"input": "make it so"})
+        server.wait()
+    finally:
+        server.kill()
+    with ServerProcess(home) as again:
+        kinds = [k for k, _, _ in _ledger(home, project)]
+        assert kinds == ["grant", "hold", "release", "settle"]
+        assert _balance(home, project) == 99_500
+        with _db(home) as conn:
+            ((sid, status),) = list(conn.execute("SELECT session_id, status FROM kx_runs"))
+        assert status == "completed"
+        with again.client(headers=auth(key)) as client:
+            chat = client.get(f"/api/sessions/{sid}").json()["chat"]
+    assert chat[0] == {"role": "user", "content": "make it so"}
+    assert chat[-1]["role"] == "assistant" and chat[-1]["status"] == "completed"
+    assert kml.parse(chat[-1]["content"]).tools
 
 
 def test_sigterm_drains_running_turns_finish_and_new_requests_are_refused(tmp_path: Path) -> None:
