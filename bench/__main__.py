@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import platform
 
-from bench import append, concurrency, executer, kml, load, runtime, size, startup
+from bench import append, concurrency, executer, kml, load, runtime, server, size, startup
 
 
 def main() -> None:
@@ -22,6 +22,7 @@ def main() -> None:
         kml.run(100_000, 1)
         executer.run(100, 1)
         concurrency.run(5, 3, repeat=1)
+        server.run(40, 40, 4)
     else:
         append.run(10_000, 3)
         load.run(100_000, 5)
@@ -31,6 +32,7 @@ def main() -> None:
         kml.run()
         executer.run()
         concurrency.run(50, 20, repeat=3)
+        server.run()
 
 
 if __name__ == "__main__":
