@@ -497,6 +497,7 @@ async def _handler(
         workspace=run.agent.workspace,
         execution_id=started.execution_id,
         session_id=run.session.id,
+        call_id=call.call_id,
         env=run.child_env,
         abort=run.abort,
         progress=_forward_to(queue, call, started.execution_id),

@@ -97,6 +97,9 @@ class ToolContext:
     execution_id: str
     """This attempt's id (``<session id>:<seq>``): the key of its receipt."""
     session_id: str = ""
+    call_id: str = ""
+    """The model's call this execution runs: the same for every attempt of it (a rerun after a
+    crash is a new execution of the same call), so a key made from it survives reruns."""
     env: Mapping[str, str] = field(default_factory=dict)
     """The environment for child processes, with credentials already stripped."""
     abort: AbortSignal = field(default_factory=AbortSignal)

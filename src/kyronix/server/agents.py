@@ -139,6 +139,18 @@ class Persona:
         return None
 
     @property
+    def tunnel_instructions(self) -> str:
+        """The system prompt of the server-driven loop: the persona, its tools as real tools."""
+        return (
+            f"{self.guidance}\n\nYou work through tools that run on the user's machine: call "
+            f"them (one call per step, in the order they must run), read each result, and go on "
+            f"until the task is done; then answer with a short KML envelope: <kyronix><summary>"
+            f"what was done</summary><status>complete</status></kyronix> (status failed if it "
+            f"could not be done). A result marked uncertain started and never finished: do not "
+            f"call it again, say that a person must check it."
+        )
+
+    @property
     def instructions(self) -> str:
         """The system prompt: the persona, the KML contract, the tools."""
         lines = [

@@ -221,6 +221,7 @@ async def _start(
         custom_agent_id=custom_agent_id,
         idem_key=idem,
         request_hash=request_hash(route, body) if idem is not None else None,
+        execute=body.get("execute"),
     )
     return await state.manager.start(req)
 

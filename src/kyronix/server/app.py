@@ -28,12 +28,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiso.kernel import SessionStore
+from kyronix.server import tunnel
 from kyronix.server.accounts import load_secret
 from kyronix.server.config import ServerConfig, ensure_home
 from kyronix.server.db import Database
 from kyronix.server.errors import ApiError, error_body
 from kyronix.server.ratelimit import RateLimiter
 from kyronix.server.runs import RunManager
+from kyronix.server.tunnel import Relay
 
 __all__ = ["AppState", "create_app", "make_session_store"]
 
@@ -65,6 +67,7 @@ class AppState:
     draining: bool = False
     drain_deadline: float | None = None
     key_touched: dict[str, int] = field(default_factory=dict)
+    relay: Relay = field(default_factory=Relay)
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def begin_drain(self) -> None:
@@ -191,22 +194,28 @@ def create_app(
         secret=load_secret(config.home, config.key_secret),
         limiter=RateLimiter(config.rate_per_minute, config.rate_burst),
     )
+    state.relay = tunnel.Relay(on_results=state.manager.record_results)
+    state.manager.relay = state.relay
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        stale = await asyncio.to_thread(state.manager.sweep_at_start)
+        stale, resumable = await asyncio.to_thread(state.manager.sweep_at_start)
         if stale:
             log.info("start sweep: %d run(s) left by a stopped server recorded interrupted", stale)
+        await state.manager.resume_tunnel_runs(resumable)
         sweeper = asyncio.get_running_loop().create_task(state.manager.sweep_forever())
+        heart = asyncio.get_running_loop().create_task(tunnel.heartbeat_forever(state.relay))
         try:
             yield
         finally:
             state.begin_drain()
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for task in (sweeper, heart):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             left = max(0.0, (state.drain_deadline or time.monotonic()) - time.monotonic())
             await state.manager.drain(left)
+            await state.relay.close()
             await asyncio.to_thread(state.manager.close_idle)
             if state.background:
                 await asyncio.gather(*state.background, return_exceptions=True)
@@ -255,6 +264,7 @@ def create_app(
         return _json(500, error_body("internal_error", "the server failed; this is a bug"))
 
     api.install(app)
+    app.add_api_websocket_route("/ws", tunnel.websocket_endpoint)
     if config.cors:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -36,6 +36,7 @@ __all__ = [
     "Database",
     "api_keys",
     "custom_agents",
+    "executions",
     "holds",
     "ledger",
     "metadata",
@@ -133,10 +134,22 @@ runs = Table(
     Column("cost", Integer),
     Column("usage_input", Integer),
     Column("usage_output", Integer),
+    Column("mode", String(16)),  # None: answer with a plan; "tunnel": run the tools (0003)
     UniqueConstraint("project_id", "idem_key", name="kx_runs_idem"),
     Index("kx_runs_status", "status"),
     Index("kx_runs_session", "session_id"),
 )
+
+executions = Table(
+    "kx_executions",
+    metadata,
+    Column("id", String(64), primary_key=True),  # a tool's executionId, as the plan gave it
+    Column("project_id", String(64), ForeignKey("kx_projects.id"), nullable=False),
+    Column("session_id", String(64), nullable=False),
+    Column("run_id", String(64), nullable=False),
+    Column("created_at", Integer, nullable=False),
+)
+"""Which session's run issued each tool execution id: where the tunnel records its results."""
 
 custom_agents = Table(
     "kx_custom_agents",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kiso.providers.base import Adapter, ModelRequest
 from kyronix.server.agents import Persona
 from kyronix.server.config import ServerConfig
-from kyronix.server.scripted import ScriptedKml
+from kyronix.server.scripted import ScriptedKml, ScriptedTools
 
 if TYPE_CHECKING:
     from kiso.runtime.models import ResolvedModel
@@ -50,6 +50,14 @@ class ModelChoice:
         profile = self.resolved.profile
         if self.config.kml_grammar and profile is not None and profile.kind == "openai-compat":
             return _grammar_adapter(self.resolved, kml_grammar(persona))
+        return build_adapter(self.resolved)
+
+    def tunnel_adapter(self, persona: Persona) -> Adapter:
+        """The adapter of the server-driven loop: the model calls the persona's tools."""
+        if self.resolved is None:
+            return ScriptedTools(persona, delay_ms=self.config.scripted_delay_ms)
+        from kiso.runtime.models import build_adapter
+
         return build_adapter(self.resolved)
 
 

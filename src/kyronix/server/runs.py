@@ -43,13 +43,16 @@ import logging
 import secrets
 import threading
 import time
+import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, bindparam, select, update
 
 from kiso.kernel import (
+    Event,
     ModelRef,
     Outcome,
     RunEnded,
@@ -57,12 +60,13 @@ from kiso.kernel import (
     SessionNotFoundError,
     SessionStore,
     SettingChanged,
+    TextBlock,
     Usage,
     User,
     new_id,
     replay,
 )
-from kiso.kernel.sql import SqlSessionStore
+from kiso.kernel.sql import SqlSessionStore, SqlWriter
 from kiso.providers.registry import cost as provider_cost
 from kiso.runtime import Agent, ModelTurn, Session, Terminal, TextDelta
 from kiso.runtime.rules import RulesFile
@@ -71,18 +75,28 @@ from kyronix.errors import KmlError
 from kyronix.server import billing
 from kyronix.server.agents import Persona, builtin_persona, check_plan, custom_persona, finalize
 from kyronix.server.config import MILLI, ServerConfig, to_credits
-from kyronix.server.db import Database, custom_agents, now_ms, runs, sessions
+from kyronix.server.db import Database, custom_agents, executions, now_ms, runs, sessions
+from kyronix.server.driven import TunnelAgent, results_of_run, tunnel_tools
 from kyronix.server.errors import ApiError, error_body, not_found
 
 if TYPE_CHECKING:
     from kyronix.server.models import ModelChoice
+    from kyronix.server.tunnel import Relay
 
-__all__ = ["RESULT_KEY", "RunHandle", "RunManager", "RunRequest", "chat_of"]
+__all__ = ["RESULTS_KEY", "RESULT_KEY", "RunHandle", "RunManager", "RunRequest", "chat_of"]
 
 log = logging.getLogger("kyronix.server")
 
 RESULT_KEY = "kyronix.result"
 """The ``setting_changed`` key that records a Kyronix run's outcome in its kiso session."""
+RESULTS_KEY = "kyronix.results"
+"""The ``setting_changed`` key that records what an executer answered for the session's plan
+(``{"requestId", "results"}``): shown to the model with the session's next input."""
+RESULTS_HEADER = "Results of the tools of your previous plan"
+TUNNEL_TURNS = 20
+"""Model turns a server-driven run may take."""
+SessionKey = tuple[Persona, str | None]
+"""What an open kiso session was opened for: its persona and its mode."""
 RECENT_S = 600.0
 """How long a finished run's handle stays in memory for SSE reconnects (then the DB serves)."""
 OPEN_SESSIONS = 256
@@ -112,6 +126,10 @@ _FREE = (
     .values(active_run=None)
 )
 _NEW_RUN = runs.insert()
+_NEW_EXECUTION = executions.insert()
+_EXECUTION = select(executions.c.session_id).where(
+    (executions.c.id == bindparam("b_id")) & (executions.c.project_id == bindparam("b_project"))
+)
 _FINISH = (
     update(runs)
     .where(runs.c.id == bindparam("b_run"))
@@ -137,6 +155,8 @@ class RunRequest:
     custom_agent_id: str | None = None
     idem_key: str | None = None
     request_hash: str | None = None
+    execute: str | None = None
+    """``"tunnel"``: the server runs the tools over the tunnel (the server-driven loop)."""
 
 
 class RunHandle:
@@ -211,7 +231,18 @@ def chat_of(events: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for ev in events:
         if isinstance(ev, User) and ev.source == "user":
-            out.append({"role": "user", "content": ev.text})
+            out.append({"role": "user", "content": _asked(ev)})
+        elif (
+            isinstance(ev, SettingChanged) and ev.key == RESULTS_KEY and isinstance(ev.value, dict)
+        ):
+            out.append(
+                {
+                    "role": "tool",
+                    "content": _results_text(ev.value.get("results") or []),
+                    "requestId": ev.value.get("requestId"),
+                    "results": ev.value.get("results") or [],
+                }
+            )
         elif isinstance(ev, SettingChanged) and ev.key == RESULT_KEY and isinstance(ev.value, dict):
             entry: dict[str, Any] = {
                 "role": "assistant",
@@ -222,6 +253,63 @@ def chat_of(events: Any) -> list[dict[str, Any]]:
                 entry["runId"] = ev.value["runId"]
             out.append(entry)
     return out
+
+
+def _asked(ev: User) -> str:
+    """What the user asked: the input without the tool results put in front of it."""
+    if isinstance(ev.content, tuple) and len(ev.content) > 1:
+        first = ev.content[0]
+        if isinstance(first, TextBlock) and first.text.startswith(RESULTS_HEADER):
+            return "\n\n".join(b.text for b in ev.content[1:] if isinstance(b, TextBlock))
+    return ev.text
+
+
+def _results_text(results: list[Any]) -> str:
+    lines = []
+    for entry in results:
+        if not isinstance(entry, dict):
+            continue
+        raw = entry.get("result")
+        result: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        state = (
+            "uncertain (started, never finished: not run again until someone rules on it)"
+            if result.get("uncertain")
+            else "succeeded"
+            if result.get("success")
+            else "failed"
+        )
+        text = str(result.get("output") or result.get("error") or "")
+        if len(text) > 2000:
+            text = text[:2000] + f"… ({len(text) - 2000} more characters)"
+        lines.append(
+            f"- {entry.get('tool')} ({result.get('executionId')}): {state}"
+            + (f"\n  {text}" if text else "")
+        )
+    return "\n".join(lines) or "- (no tools ran)"
+
+
+def _unseen_results(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """The results recorded since the session's last run started: not yet shown to the model."""
+    found: list[dict[str, Any]] = []
+    for ev in events:
+        if isinstance(ev, RunStarted):
+            found = []
+        elif (
+            isinstance(ev, SettingChanged) and ev.key == RESULTS_KEY and isinstance(ev.value, dict)
+        ):
+            found.append(ev.value)
+    return found
+
+
+def _with_results(text: str, events: Sequence[Event]) -> str | tuple[TextBlock, ...]:
+    unseen = _unseen_results(events)
+    if not unseen:
+        return text
+    shown = "\n".join(_results_text(v.get("results") or []) for v in unseen)
+    return (
+        TextBlock(f"{RESULTS_HEADER} (as the executer reported them):\n{shown}"),
+        TextBlock(text),
+    )
 
 
 @dataclass
@@ -240,6 +328,8 @@ class _Outcome:
     """The charge is settled in the transaction that makes this event of the log durable."""
     settled: bool = False
     """That transaction committed (the log is durable past ``settle_seq``)."""
+    plan_ids: list[str] = field(default_factory=list)
+    """The plan's tool execution ids (recorded so the tunnel knows which session issued them)."""
 
 
 class RunManager:
@@ -266,10 +356,19 @@ class RunManager:
         self._in_tx = isinstance(store, SqlSessionStore) and store.engine is db.engine
         """New kiso sessions are created in the admission's transaction, and a run's charge is
         settled in the transaction of the batch that records its result."""
-        self._idle: OrderedDict[str, tuple[Persona, Session, float]] = OrderedDict()
+        self._idle: OrderedDict[str, tuple[SessionKey, Session, float]] = OrderedDict()
         """Open kiso sessions between their runs, least recently used first (their lease held:
         the next run needs no open, no load, no lease transaction)."""
         self._idle_lock = threading.Lock()
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        """One asyncio lock a session: a run taking its kiso session and the tunnel recording
+        results in it take turns."""
+        self._busy: set[str] = set()
+        """Sessions a run is using now."""
+        self._unrecorded: dict[str, list[dict[str, Any]]] = {}
+        """Results that came back while the session's run was going: staged before its next."""
+        self.relay: Relay | None = None
+        """The tunnel (set by the app): the server-driven loop sends tool calls through it."""
 
     # ------------------------------------------------------------------ admission
 
@@ -381,6 +480,7 @@ class RunManager:
                 "owner": self.owner,
                 "input": req.input,
                 "created_at": at,
+                "mode": req.execute,
             },
         )
         handle = RunHandle(run_id, session_id, req.project_id)
@@ -430,6 +530,15 @@ class RunManager:
 
     async def start(self, req: RunRequest) -> tuple[RunHandle, bool]:
         """Admit the run and start it in the background; (handle, True if new)."""
+        if req.execute == "tunnel" and (
+            self.relay is None or self.relay.connected(req.project_id) == 0
+        ):
+            raise ApiError(
+                409,
+                "no_executer",
+                "no executer of this project is connected to the tunnel; start one with "
+                "`kyronix executer --ws URL --base DIR` (a key of this project), then send again",
+            )
         handle, persona, new = await asyncio.to_thread(self._admit_tx, req)
         if new:
             assert persona is not None
@@ -464,7 +573,9 @@ class RunManager:
 
     # ------------------------------------------------------------------ execution
 
-    def _agent(self, persona: Persona) -> Agent:
+    def _agent(self, persona: Persona, req: RunRequest | None = None) -> Agent:
+        if req is not None and req.execute == "tunnel":
+            return self._tunnel_agent(persona, req.project_id)
         agent = self._agents.get(persona.id) if not persona.custom else None
         if agent is None:
             agent = Agent(
@@ -483,11 +594,30 @@ class RunManager:
                 self._agents[persona.id] = agent
         return agent
 
-    async def _execute(self, handle: RunHandle, persona: Persona, req: RunRequest) -> None:
+    def _tunnel_agent(self, persona: Persona, project_id: str) -> Agent:
+        if self.relay is None:
+            raise ApiError(503, "tunnel_unavailable", "this server has no tunnel")
+        return TunnelAgent(
+            adapter=self.models.tunnel_adapter(persona),
+            tools=tunnel_tools(persona, self.relay, project_id),
+            store=self.store,
+            system_prompt=persona.tunnel_instructions,
+            workspace=self._workspace,
+            rules=self._rules,
+            mode="bypass",  # the executer's permissions are the boundary; nobody here can ask
+            max_turns=TUNNEL_TURNS,
+            max_retries=2,
+            trigger="api",
+            home=self.config.home,
+        )
+
+    async def _execute(
+        self, handle: RunHandle, persona: Persona, req: RunRequest, *, resume: bool = False
+    ) -> None:
         outcome: _Outcome | None = None
         try:
             async with asyncio.timeout(self.config.run_timeout):
-                outcome = await self._converse(handle, persona, req)
+                outcome = await self._converse(handle, persona, req, resume=resume)
         except TimeoutError:
             outcome = None
             await self._interrupt(handle.id, handle, "timeout")
@@ -506,12 +636,18 @@ class RunManager:
             )
         await asyncio.shield(self._settle(handle, outcome))
 
-    async def _converse(self, handle: RunHandle, persona: Persona, req: RunRequest) -> _Outcome:
-        agent = self._agent(persona)
-        session = await self._acquire(agent, handle, persona)
+    async def _converse(
+        self, handle: RunHandle, persona: Persona, req: RunRequest, *, resume: bool = False
+    ) -> _Outcome:
+        agent = self._agent(persona, req)
+        key = (persona, req.execute)
+        session = await self._acquire(agent, handle, key)
         keep = False
         try:
-            outcome = await self._attempts(handle, session, persona, req)
+            if req.execute == "tunnel":
+                outcome = await self._tunnel_run(handle, session, req, resume=resume)
+            else:
+                outcome = await self._attempts(handle, session, persona, req)
             if outcome.result is not None and not outcome.recorded:
                 session.stage(SettingChanged(key=RESULT_KEY, value=outcome.result))
                 await session.committed()
@@ -525,14 +661,31 @@ class RunManager:
                 _end_open_run(session.writer, handle.id, "the run was cut short")
             raise
         finally:
+            self._busy.discard(handle.session_id)
             if keep and not session.writer.closed:
-                await self._release(handle.session_id, persona, session)
+                await self._release(handle.session_id, key, session)
             else:
                 await asyncio.to_thread(session.close)
 
-    async def _acquire(self, agent: Agent, handle: RunHandle, persona: Persona) -> Session:
+    def _lock(self, session_id: str) -> asyncio.Lock:
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
+
+    async def _acquire(self, agent: Agent, handle: RunHandle, key: SessionKey) -> Session:
         """The run's kiso session: the one created with the admission, the one left open by the
-        session's last run (same persona), or opened from the store."""
+        session's last run (same persona and mode), or opened from the store. Results that came
+        back over the tunnel while the session was busy are staged in it first."""
+        async with self._lock(handle.session_id):
+            session = await self._take(agent, handle, key)
+            self._busy.add(handle.session_id)
+            waiting = self._unrecorded.pop(handle.session_id, [])
+        for value in waiting:
+            session.stage(SettingChanged(key=RESULTS_KEY, value=value))
+        return session
+
+    async def _take(self, agent: Agent, handle: RunHandle, key: SessionKey) -> Session:
         if handle.writer is not None:
             writer, handle.writer = handle.writer, None
             return Session(agent, writer, headless=True)
@@ -540,17 +693,17 @@ class RunManager:
         with self._idle_lock:
             entry = self._idle.pop(handle.session_id, None)
         if entry is not None:
-            if entry[0] == persona:
+            if entry[0] == key:
                 return entry[1]
-            stale = entry[1]  # the custom agent changed: open again, the new prompt is recorded
+            stale = entry[1]  # the custom agent (or the mode) changed: open again
         if stale is not None:
             await asyncio.to_thread(stale.close)
-        return await asyncio.to_thread(self._open_session, agent, handle, persona)
+        return await asyncio.to_thread(self._open_session, agent, handle, key[0])
 
-    async def _release(self, session_id: str, persona: Persona, session: Session) -> None:
+    async def _release(self, session_id: str, key: SessionKey, session: Session) -> None:
         """Keep the session open for its next run; close the least recently used past the cap."""
         with self._idle_lock:
-            self._idle[session_id] = (persona, session, time.monotonic())
+            self._idle[session_id] = (key, session, time.monotonic())
             over = [
                 self._idle.popitem(last=False)[1][1] for _ in range(len(self._idle) - OPEN_SESSIONS)
             ]
@@ -592,7 +745,8 @@ class RunManager:
     async def _attempts(
         self, handle: RunHandle, session: Any, persona: Persona, req: RunRequest
     ) -> _Outcome:
-        prompt, source = req.input, "user"
+        prompt: str | tuple[TextBlock, ...] = _with_results(req.input, session.events)
+        source = "user"
         usage_in = usage_out = 0
         usd: float | None = 0.0
         texts: list[str] = []
@@ -666,6 +820,156 @@ class RunManager:
             result={"runId": handle.id, "status": "failed", "response": ""},
         )
 
+    async def _tunnel_run(
+        self, handle: RunHandle, session: Session, req: RunRequest, *, resume: bool
+    ) -> _Outcome:
+        """The server-driven loop: kiso runs the agent, each tool over the tunnel, to the end."""
+        usage_in = usage_out = 0
+        usd: float | None = 0.0
+        text = ""
+        ended: Outcome | None = None
+        kiso_run: str | None = session.fold.open_run if resume else None
+        stream = (
+            session.resume()
+            if resume
+            else session.run(_with_results(req.input, session.events), source="user")
+        )
+        async for ev in stream:
+            if isinstance(ev, TextDelta):
+                handle.add_text(ev.text)
+            elif isinstance(ev, ModelTurn):
+                kiso_run = ev.event.run
+                text = ev.event.text
+                u: Usage = ev.event.usage
+                usage_in += u.input or 0
+                usage_out += u.output or 0
+                c = provider_cost(ev.event.model, u)
+                usd = None if usd is None or c is None else usd + c
+            elif isinstance(ev, Terminal):
+                ended = ev.outcome
+        if kiso_run is None:
+            kiso_run = _last_run(session.events)
+        results = results_of_run(session.events, kiso_run) if kiso_run else []
+        if ended is None or ended.kind not in ("completed", "max_turns"):
+            why = ended.message if ended is not None and ended.message else "no answer"
+            return _Outcome(
+                502,
+                error_body(
+                    "model_error", f"the run did not finish: {why}",
+                    {"runId": handle.id, "results": results},
+                ),
+                texts=[text], usage=(usage_in, usage_out),
+                result={"runId": handle.id, "status": "failed", "response": "", "results": results},
+            )  # fmt: skip
+        charge = self.config.minimum_charge
+        if usd:
+            priced = round(usd * self.config.credits_per_usd * self.config.multiplier * MILLI)
+            charge = max(charge, priced)
+        ids = [str((r.get("result") or {}).get("executionId", "")) for r in results]
+        body = {
+            "response": text,
+            "sessionId": handle.session_id,
+            "creditsRemaining": 0.0,  # filled in when settled
+            "usage": {"input": usage_in, "output": usage_out},
+            "cost": to_credits(charge),
+            "executionIds": ids,
+            "runId": handle.id,
+            "results": results,
+        }
+        result = {
+            "runId": handle.id, "status": "completed", "response": text,
+            "executionIds": ids, "cost": to_credits(charge), "results": results,
+        }  # fmt: skip
+        outcome = _Outcome(200, body, charge, [text], (usage_in, usage_out), result)
+        if self._in_tx:  # the answer, its results and the charge: one transaction
+            (staged,) = session.stage(SettingChanged(key=RESULT_KEY, value=result))
+            outcome.recorded = True
+            writer = session.writer
+            assert isinstance(writer, SqlWriter)
+            writer.attach(functools.partial(self._settle_tx, handle, outcome), seq=staged.seq)
+            outcome.settle_seq = staged.seq
+            await session.committed()
+        return outcome
+
+    # ------------------------------------------------------------------ tunnel results
+
+    async def record_results(
+        self, project_id: str, session_id: str | None, frame: dict[str, Any]
+    ) -> None:
+        """Record what an executer answered in the session whose plan issued those tool ids
+        (best effort: the executer's receipts keep the truth either way)."""
+        results = frame.get("results")
+        if not isinstance(results, list) or not results:
+            return
+        ids = [
+            (e.get("result") or {}).get("executionId")
+            for e in results
+            if isinstance(e, dict) and isinstance(e.get("result"), dict)
+        ]
+        ids = [i for i in ids if isinstance(i, str)]
+        if not ids:
+            return
+
+        def owner(conn: Connection) -> str | None:
+            row = conn.execute(_EXECUTION, {"b_id": ids[0], "b_project": project_id}).first()
+            return None if row is None else str(row.session_id)
+
+        try:
+            target = await asyncio.to_thread(self.db.read, owner)
+        except Exception:
+            log.warning("could not look up the session of request %s", frame.get("executionId"))
+            return
+        if target is None:
+            return  # not a plan this server issued (or the server's own loop: kiso records it)
+        value = {"requestId": frame.get("executionId"), "results": results}
+        try:
+            async with self._lock(target):
+                if target in self._busy:
+                    self._unrecorded.setdefault(target, []).append(value)
+                    return
+                with self._idle_lock:
+                    entry = self._idle.get(target)
+                if entry is not None:
+                    entry[1].stage(SettingChanged(key=RESULTS_KEY, value=value))
+                    await entry[1].committed()
+                    return
+                await asyncio.to_thread(self._append_closed, target, value)
+        except Exception:
+            log.warning(
+                "could not record request %s in session %s", frame.get("executionId"), target
+            )
+
+    def _append_closed(self, session_id: str, value: dict[str, Any]) -> None:
+        writer = self.store.open(session_id)
+        try:
+            writer.append(SettingChanged(key=RESULTS_KEY, value=value))
+        finally:
+            writer.close()
+
+    # ------------------------------------------------------------------ resuming
+
+    async def resume_tunnel_runs(self, rows: list[Any]) -> None:
+        """Carry on the server-driven runs a killed server left running: each resumes from its
+        session's log and sends its tool requests again, with the same ids."""
+        for row in rows:
+            persona = await asyncio.to_thread(
+                self.db.read,
+                lambda c, r=row: self._persona(c, r.project_id, r.agent, r.custom_agent_id),
+            )
+            req = RunRequest(
+                project_id=row.project_id, agent=row.agent, input=row.input or "",
+                session_id=row.session_id, custom_agent_id=row.custom_agent_id,
+                execute="tunnel",
+            )  # fmt: skip
+            handle = RunHandle(row.id, row.session_id, row.project_id)
+            self.live[handle.id] = handle
+            task = asyncio.get_running_loop().create_task(
+                self._execute(handle, persona, req, resume=True), name=f"kyronix-run-{handle.id}"
+            )
+            self.tasks[handle.id] = task
+            task.add_done_callback(functools.partial(_forget_task, self.tasks, handle.id))
+            log.info("run %s resumed from its session log (server-driven)", handle.id)
+
     def _success(
         self,
         handle: RunHandle,
@@ -697,7 +1001,7 @@ class RunManager:
             "executionIds": ids,
             "cost": to_credits(charge),
         }
-        return _Outcome(200, body, charge, texts, usage, result)
+        return _Outcome(200, body, charge, texts, usage, result, plan_ids=list(ids))
 
     def _settle_tx(self, handle: RunHandle, outcome: _Outcome, conn: Connection) -> None:
         left: int | None = None
@@ -724,6 +1028,16 @@ class RunManager:
             },
         )
         conn.execute(_FREE, {"b_session": handle.session_id, "b_run": handle.id})
+        if outcome.status == 200 and outcome.plan_ids:  # where the tunnel records their results
+            at = now_ms()
+            conn.execute(
+                _NEW_EXECUTION,
+                [
+                    {"id": eid, "project_id": handle.project_id, "session_id": handle.session_id,
+                     "run_id": handle.id, "created_at": at}
+                    for eid in outcome.plan_ids
+                ],
+            )  # fmt: skip
 
     async def _settle(self, handle: RunHandle, outcome: _Outcome) -> None:
         """Settle the run, unless the batch that recorded its result already did (that batch is
@@ -836,17 +1150,20 @@ class RunManager:
         finally:
             writer.close()
 
-    def sweep_at_start(self) -> int:
-        """Every run still ``running`` belongs to a dead server (one server per database)."""
+    def sweep_at_start(self) -> tuple[int, list[Any]]:
+        """Every run still ``running`` belongs to a dead server (one server per database): a
+        plan run is recorded interrupted; a server-driven one is returned, to be resumed."""
 
-        def load(conn: Connection) -> list[str]:
-            return [r.id for r in conn.execute(select(runs.c.id).where(runs.c.status == "running"))]
+        def load(conn: Connection) -> list[Any]:
+            return list(conn.execute(select(runs).where(runs.c.status == "running")))
 
         stale = self.db.read(load)
-        for run_id in stale:
-            self.interrupt_sync(run_id, "server restart")
-        self._sweep_holds(live=set())
-        return len(stale)
+        resumable = [r for r in stale if r.mode == "tunnel" and self.relay is not None]
+        for row in stale:
+            if row not in resumable:
+                self.interrupt_sync(row.id, "server restart")
+        self._sweep_holds(live={r.id for r in resumable})
+        return len(stale) - len(resumable), resumable
 
     def _sweep_holds(self, live: set[str]) -> int:
         expired = self.db.read(lambda c: billing.expired_holds(c, now_ms()))
@@ -915,3 +1232,14 @@ def _close_all(sessions_: list[Session]) -> None:
 
 def _release_expired(conn: Connection, *, run_id: str) -> bool:
     return billing.release(conn, run_id, note="hold expired")
+
+
+def _last_run(events: Sequence[Event]) -> str | None:
+    for ev in reversed(events):
+        if isinstance(ev, RunStarted):
+            return ev.run
+    return None
+
+
+def _forget_task(tasks: dict[str, Any], run_id: str, _task: object) -> None:
+    tasks.pop(run_id, None)

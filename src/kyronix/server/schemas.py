@@ -7,7 +7,7 @@ working from it reaches the code behind the validation.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -61,12 +61,22 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+Execute = Annotated[
+    Literal["tunnel"],
+    Field(
+        description='"tunnel": the server runs the agent loop, each tool call over the WebSocket '
+        "tunnel to the project's executer, and answers with the final response and every result"
+    ),
+]
+
+
 class RunBody(BaseModel):
     model_config = _STRICT
     input: Input
     projectId: ProjectId | None = None
     sessionId: SessionId | None = None
     customAgentId: CustomAgentId | None = None
+    execute: Execute | None = None
 
 
 class CustomRunBody(BaseModel):
@@ -75,6 +85,7 @@ class CustomRunBody(BaseModel):
     input: Input
     projectId: ProjectId | None = None
     sessionId: SessionId | None = None
+    execute: Execute | None = None
 
 
 class Usage(BaseModel):
@@ -90,6 +101,9 @@ class RunResult(BaseModel):
     cost: float
     executionIds: list[Annotated[str, Field(pattern=EXEC_ID)]]
     runId: str = Field(pattern=RUN_ID)
+    results: list[dict[str, Any]] | None = Field(
+        default=None, description='with "execute": "tunnel": every tool\'s result entry'
+    )
 
 
 class SessionBody(BaseModel):
@@ -105,10 +119,12 @@ class SessionCreated(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    role: str
+    role: str = Field(description="user, assistant, or tool (what an executer answered)")
     content: str
     status: str | None = None
     runId: str | None = None
+    requestId: str | None = None
+    results: list[dict[str, Any]] | None = None
 
 
 class SessionView(BaseModel):

@@ -15,12 +15,12 @@ import json
 import re
 from collections.abc import AsyncIterator
 
-from kiso.kernel import TextBlock, Usage, UserMessage
+from kiso.kernel import TextBlock, ToolCall, ToolResultMessage, Usage, UserMessage
 from kiso.providers.base import ModelRequest, StreamEvent, TextDelta, TurnDone
 from kyronix import kml
 from kyronix.server.agents import Persona
 
-__all__ = ["ScriptedKml", "scripted_plan"]
+__all__ = ["ScriptedKml", "ScriptedTools", "scripted_plan"]
 
 _PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.[A-Za-z0-9]{1,6})(?![\w/])")
 _URL = re.compile(r"https?://[^\s<>\"')]+")
@@ -242,3 +242,56 @@ class ScriptedKml:
         )  # fmt: skip
         usage = Usage(input=max(1, seen // 4), output=max(1, len(text) // 4))
         yield TurnDone((TextBlock(text),), "end_turn", usage, self.model)
+
+
+class ScriptedTools:
+    """The scripted model for the server-driven loop (``"execute": "tunnel"``): it calls the
+    persona's tools (the plan :func:`scripted_plan` writes, as native tool calls), and once their
+    results are back it answers with a closing envelope that reports them."""
+
+    provider = "kyronix-scripted"
+
+    def __init__(self, persona: Persona, *, delay_ms: int = 0) -> None:
+        self.persona = persona
+        self.model = f"scripted:{persona.id[:16]}"
+        self.delay_ms = delay_ms
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        if self.delay_ms:
+            await asyncio.sleep(self.delay_ms / 1000)
+        last = request.messages[-1] if request.messages else None
+        if isinstance(last, ToolResultMessage):
+            results = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+            failed = sum(1 for m in results if m.is_error)
+            summary = f"ran {len(results)} tool call(s): {len(results) - failed} succeeded"
+            if failed:
+                summary += f", {failed} failed"
+            text = kml.serialize(
+                kml.Plan(summary=summary, status="complete" if not failed else "failed")
+            )
+            yield TextDelta(text)
+            yield TurnDone(
+                (TextBlock(text),),
+                "end_turn",
+                Usage(input=1, output=len(text) // 4 or 1),
+                self.model,
+            )
+            return
+        prompt = ""
+        for message in reversed(request.messages):
+            if isinstance(message, UserMessage):
+                prompt = "\n".join(b.text for b in message.content if isinstance(b, TextBlock))
+                break
+        plan = scripted_plan(self.persona, prompt)
+        note = plan.plan or "running the plan's tools"
+        calls = tuple(
+            ToolCall(f"call_{request.turn}_{i}", t.name, dict(t.args))
+            for i, t in enumerate(plan.tools)
+        )
+        yield TextDelta(note)
+        yield TurnDone(
+            (TextBlock(note), *calls),
+            "tool_use" if calls else "end_turn",
+            Usage(input=max(1, len(prompt) // 4), output=max(1, len(note) // 4)),
+            self.model,
+        )

@@ -500,7 +500,7 @@ def test_an_interrupted_run_found_at_start_is_released_and_shown(
             User(run="r1", content="lost"),
         )
     assert state.db.read(lambda c: billing.held(c, project)) == 500
-    assert state.manager.sweep_at_start() == 1
+    assert state.manager.sweep_at_start() == (1, [])  # interrupted; none to resume
     assert state.db.read(lambda c: billing.held(c, project)) == 0
     assert state.db.read(lambda c: billing.balance(c, project)) == 100_000
     row = state.db.read(lambda c: c.execute(select(runs).where(runs.c.id == handle.id)).one())

@@ -1,0 +1,634 @@
+"""The WebSocket tunnel (``/ws``): runtime clients' KML relayed to their project's executer.
+
+The protocol is docs/tunnel.md. This module owns two things:
+
+* :class:`Relay`, the in-memory state of one server process: the executers connected (by
+  project and executer id), the requests **pending** (sent on, no result yet), the results kept
+  for a while (a runtime client that reconnects and sends the same request again gets them at
+  once), and the ``resolve`` frames in flight. Pending requests outlive connections: when an
+  executer's connection drops its requests wait for it, and an executer of the same project and
+  id that connects again is sent them again, with the same ids (its receipts make that harmless).
+  :meth:`Relay.execute` is the same path for the server's own agent loop.
+* :func:`websocket_endpoint`, the route: authentication (a Bearer header or a first ``auth``
+  frame; failure closes with 4401), then one reader per connection that validates each frame
+  (a bad one gets an ``error`` frame and the connection lives on) and hands it to the relay.
+
+Frames for another project never cross: every lookup is keyed by the connection's project.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from kyronix.server import accounts
+
+if TYPE_CHECKING:
+    from kyronix.server.app import AppState
+
+__all__ = ["Peer", "Relay", "TunnelFailure", "websocket_endpoint"]
+
+log = logging.getLogger("kyronix.server")
+
+Role = Literal["executer", "runtime"]
+FRAME_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+EXECUTER_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+DEFAULT_EXECUTER = "default"
+AUTH_WAIT_S = 10.0
+DEFAULT_TIMEOUT_S = 60.0
+MAX_TIMEOUT_S = 3600.0
+KEEP_RESULTS_S = 600.0
+KEEP_RESULTS = 1000
+SILENT_S = 45.0
+"""An executer heard nothing from for this long is dropped (it pings every 15 s)."""
+RESOLUTIONS = ("rerun", "skipped", "applied")
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_REPLACED = 4000
+
+
+class TunnelFailure(Exception):
+    """A request could not be answered: ``code`` is the error frame's code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class BadFrame(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- connections
+
+
+@dataclass(eq=False)
+class Peer:
+    """One authenticated connection."""
+
+    ws: WebSocket
+    role: Role
+    project_id: str
+    executer_id: str | None = None
+    seen: float = field(default_factory=time.monotonic)
+    closed: bool = False
+    _send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def send(self, frame: dict[str, Any]) -> bool:
+        """Send a frame; False if the connection is gone (never raises for that)."""
+        if self.closed:
+            return False
+        try:
+            async with self._send_lock:
+                await self.ws.send_text(json.dumps(frame))
+            return True
+        except Exception:  # the connection went away under us
+            self.closed = True
+            return False
+
+    async def close(self, code: int, reason: str) -> None:
+        self.closed = True
+        with contextlib.suppress(Exception):
+            if self.ws.application_state is not WebSocketState.DISCONNECTED:
+                await self.ws.close(code=code, reason=reason)
+
+
+# --------------------------------------------------------------------------- the relay
+
+
+Waiter = Callable[[dict[str, Any]], Awaitable[None]]
+"""Gets the frames of one request: ``kml_progress``, then its ``kml_result`` or ``error``."""
+
+
+@dataclass(eq=False)
+class _Pending:
+    project_id: str
+    request_id: str
+    executer_id: str
+    frame: dict[str, Any]  # what the executer is sent
+    deadline: float
+    session_id: str | None = None
+    waiters: list[Waiter] = field(default_factory=list)
+    lost: bool = False
+    """The executer's connection dropped while this was pending."""
+    timer: asyncio.TimerHandle | None = None
+
+
+ResultsHook = Callable[[str, str | None, dict[str, Any]], Awaitable[None]]
+"""``hook(project_id, session_id, kml_result frame)``: record results (best effort)."""
+
+
+class Relay:
+    def __init__(self, on_results: ResultsHook | None = None) -> None:
+        self.executers: dict[tuple[str, str], Peer] = {}
+        self.pending: dict[tuple[str, str], _Pending] = {}
+        self.results: OrderedDict[tuple[str, str], tuple[float, dict[str, Any]]] = OrderedDict()
+        self.resolves: dict[tuple[str, str], Peer] = {}
+        self.on_results = on_results
+        self._arrived: dict[str, asyncio.Event] = {}  # project -> set when an executer connects
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- executers -------------------------------------------------------------------------
+
+    async def attach_executer(self, peer: Peer) -> None:
+        assert peer.executer_id is not None
+        key = (peer.project_id, peer.executer_id)
+        old = self.executers.get(key)
+        self.executers[key] = peer
+        if old is not None and old is not peer:
+            await old.close(CLOSE_REPLACED, "replaced by a new connection of this executer")
+        arrived = self._arrived.pop(peer.project_id, None)
+        if arrived is not None:
+            arrived.set()
+        for pending in list(self.pending.values()):  # what waited for it goes out again
+            if (pending.project_id, pending.executer_id) == key:
+                pending.lost = False
+                await peer.send(pending.frame)
+
+    def detach(self, peer: Peer) -> None:
+        if peer.role == "executer" and peer.executer_id is not None:
+            key = (peer.project_id, peer.executer_id)
+            if self.executers.get(key) is peer:
+                del self.executers[key]
+                for pending in self.pending.values():
+                    if (pending.project_id, pending.executer_id) == key:
+                        pending.lost = True
+        for rkey, waiting in list(self.resolves.items()):
+            if waiting is peer:
+                del self.resolves[rkey]
+
+    def _choose(self, project_id: str, executer_id: str | None) -> Peer | None:
+        if executer_id is not None:
+            return self.executers.get((project_id, executer_id))
+        mine = [p for (proj, _), p in self.executers.items() if proj == project_id]
+        if not mine:
+            return None
+        for peer in mine:
+            if peer.executer_id == DEFAULT_EXECUTER:
+                return peer
+        return mine[-1]  # the most recently connected
+
+    async def wait_for_executer(
+        self, project_id: str, executer_id: str | None, until: float
+    ) -> Peer:
+        while True:
+            peer = self._choose(project_id, executer_id)
+            if peer is not None:
+                return peer
+            left = until - time.monotonic()
+            if left <= 0:
+                raise TunnelFailure("no_executer", _no_executer_message(project_id, executer_id))
+            event = self._arrived.setdefault(project_id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), left)
+
+    def connected(self, project_id: str) -> int:
+        """How many executers of the project are connected."""
+        return sum(1 for proj, _ in self.executers if proj == project_id)
+
+    def silent(self, now: float) -> list[Peer]:
+        return [p for p in self.executers.values() if now - p.seen > SILENT_S]
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def request(
+        self,
+        project_id: str,
+        request_id: str,
+        kml: str,
+        waiter: Waiter,
+        *,
+        executer_id: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        session_id: str | None = None,
+        wait_for_executer: bool = False,
+    ) -> None:
+        """Send a request on (or join the same one in flight, or answer it from the results
+        kept); ``waiter`` gets its frames. Raises :class:`TunnelFailure` (``no_executer``)."""
+        key = (project_id, request_id)
+        kept = self.results.get(key)
+        if kept is not None:
+            await waiter(kept[1])
+            return
+        pending = self.pending.get(key)
+        if pending is not None:
+            pending.waiters.append(waiter)
+            return
+        deadline = time.monotonic() + timeout
+        if wait_for_executer:
+            peer: Peer | None = await self.wait_for_executer(project_id, executer_id, deadline)
+        else:
+            peer = self._choose(project_id, executer_id)
+        if peer is None:
+            raise TunnelFailure("no_executer", _no_executer_message(project_id, executer_id))
+        assert peer.executer_id is not None
+        if key in self.pending:  # it arrived while we waited for an executer
+            self.pending[key].waiters.append(waiter)
+            return
+        frame = {"type": "kml_request", "executionId": request_id, "kmlResponse": kml}
+        pending = _Pending(
+            project_id, request_id, peer.executer_id, frame, deadline, session_id, [waiter]
+        )
+        self.pending[key] = pending
+        pending.timer = asyncio.get_running_loop().call_at(
+            asyncio.get_running_loop().time() + max(0.0, deadline - time.monotonic()),
+            self._expire,
+            key,
+        )
+        if not await peer.send(frame):
+            pending.lost = True  # it goes out again when the executer is back
+
+    def _expire(self, key: tuple[str, str]) -> None:
+        pending = self.pending.pop(key, None)
+        if pending is None:
+            return
+        if pending.lost:
+            code, message = (
+                "executer_disconnected",
+                f"the executer {pending.executer_id!r} disconnected and did not come back before "
+                f"the request's timeout; send the same request again once it is connected (its "
+                f"receipts keep anything that already ran from running twice)",
+            )
+        else:
+            code, message = (
+                "timeout",
+                f"the executer {pending.executer_id!r} did not answer in time; the request may "
+                f"still be running there: send the same request again to get its results",
+            )
+        frame = {"type": "error", "code": code, "message": message, "executionId": key[1]}
+        self._spawn(_deliver(pending.waiters, frame))
+
+    async def result(self, peer: Peer, frame: dict[str, Any]) -> None:
+        key = (peer.project_id, frame["executionId"])
+        pending = self.pending.pop(key, None)
+        out = {
+            "type": "kml_result",
+            "executionId": frame["executionId"],
+            "results": frame["results"],
+        }
+        if "error" in frame:
+            out["error"] = frame["error"]
+        self.results[key] = (time.monotonic(), out)
+        self._trim()
+        session_id = None
+        if pending is not None:
+            if pending.timer is not None:
+                pending.timer.cancel()
+            session_id = pending.session_id
+            await _deliver(pending.waiters, out)
+        if self.on_results is not None:
+            self._spawn(self.on_results(peer.project_id, session_id, out))
+
+    async def progress(self, peer: Peer, frame: dict[str, Any]) -> None:
+        pending = self.pending.get((peer.project_id, frame["executionId"]))
+        if pending is not None:
+            await _deliver(pending.waiters, frame)
+
+    def forget_waiter(self, waiter: Waiter) -> None:
+        for pending in self.pending.values():
+            if waiter in pending.waiters:
+                pending.waiters.remove(waiter)
+
+    def _trim(self) -> None:
+        now = time.monotonic()
+        while self.results and (
+            len(self.results) > KEEP_RESULTS
+            or now - next(iter(self.results.values()))[0] > KEEP_RESULTS_S
+        ):
+            self.results.popitem(last=False)
+
+    async def execute(
+        self,
+        project_id: str,
+        request_id: str,
+        kml: str,
+        *,
+        executer_id: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        session_id: str | None = None,
+    ) -> dict[str, Any]:
+        """The server's own use: send a request and wait for its ``kml_result`` frame (waiting
+        for an executer to connect, up to ``timeout``). Raises :class:`TunnelFailure`."""
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+        async def waiter(frame: dict[str, Any]) -> None:
+            if frame["type"] in ("kml_result", "error") and not done.done():
+                done.set_result(frame)
+
+        await self.request(
+            project_id, request_id, kml, waiter, executer_id=executer_id, timeout=timeout,
+            session_id=session_id, wait_for_executer=True,
+        )  # fmt: skip
+        try:
+            frame = await done
+        finally:
+            self.forget_waiter(waiter)
+        if frame["type"] == "error":
+            raise TunnelFailure(frame["code"], frame["message"])
+        return frame
+
+    # -- resolve ---------------------------------------------------------------------------
+
+    async def resolve(self, peer: Peer, frame: dict[str, Any]) -> None:
+        target = self._choose(peer.project_id, frame.get("executerId"))
+        request_id = frame.get("requestId") or f"res_{secrets.token_hex(8)}"
+        if target is None:
+            await peer.send(
+                _error(
+                    "no_executer",
+                    _no_executer_message(peer.project_id, frame.get("executerId")),
+                    executionId=frame["executionId"],
+                    requestId=request_id,
+                )
+            )
+            return
+        self.resolves[(peer.project_id, request_id)] = peer
+        out = {
+            "type": "resolve",
+            "executionId": frame["executionId"],
+            "resolution": frame["resolution"],
+            "requestId": request_id,
+        }
+        if isinstance(frame.get("basePath"), str):
+            out["basePath"] = frame["basePath"]
+        await target.send(out)
+
+    async def resolved(self, peer: Peer, frame: dict[str, Any]) -> None:
+        request_id = frame.get("requestId")
+        if not isinstance(request_id, str):
+            return
+        waiting = self.resolves.pop((peer.project_id, request_id), None)
+        if waiting is not None:
+            await waiting.send(frame)
+
+    # -- housekeeping ----------------------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for pending in self.pending.values():
+            if pending.timer is not None:
+                pending.timer.cancel()
+        self.pending.clear()
+        for peer in list(self.executers.values()):
+            await peer.close(1001, "the server is shutting down")
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _deliver(waiters: list[Waiter], frame: dict[str, Any]) -> None:
+    for waiter in list(waiters):
+        with contextlib.suppress(Exception):
+            await waiter(frame)
+
+
+def _error(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "error", "code": code, "message": message, **extra}
+
+
+def _no_executer_message(project_id: str, executer_id: str | None) -> str:
+    which = f"executer {executer_id!r}" if executer_id else "executer"
+    return (
+        f"no {which} of project {project_id} is connected; start one with `kyronix executer "
+        f"--ws URL --base DIR` (or KyronixExecuter(ws_url=...)) using a key of this project"
+    )
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def _field(frame: dict[str, Any], name: str, pattern: re.Pattern[str] | None = None) -> str:
+    value = frame.get(name)
+    if not isinstance(value, str) or (pattern is not None and not pattern.fullmatch(value)):
+        want = f"a string matching {pattern.pattern}" if pattern is not None else "a string"
+        raise BadFrame(f"{frame.get('type')}: {name!r} must be {want}")
+    return value
+
+
+def _optional(frame: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str | None:
+    if frame.get(name) is None:
+        return None
+    return _field(frame, name, pattern)
+
+
+def parse_frame(text: str | bytes | None) -> dict[str, Any]:
+    if text is None:
+        raise BadFrame("send JSON text frames")
+    try:
+        frame = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadFrame(f"not JSON ({exc})") from None
+    if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+        raise BadFrame('a frame is a JSON object with a "type"')
+    return frame
+
+
+ALLOWED: dict[Role, frozenset[str]] = {
+    "runtime": frozenset({"kml_request", "resolve", "ping", "pong"}),
+    "executer": frozenset({"kml_result", "kml_progress", "resolved", "error", "ping", "pong"}),
+}
+KNOWN = frozenset().union(*ALLOWED.values()) | {"auth"}
+
+
+# --------------------------------------------------------------------------- the route
+
+
+async def _authenticate(ws: WebSocket, state: AppState) -> Peer | None:
+    """The connection's peer, or None after closing it with 4401."""
+    header = ws.headers.get("authorization")
+    query = ws.query_params
+    role: Any = query.get("role", "runtime")
+    executer_id: Any = query.get("executerId")
+    key = ""
+    if header:
+        m = re.fullmatch(r"Bearer\s+(\S+)\s*", header, re.IGNORECASE)
+        key = m.group(1) if m else ""
+    else:
+        try:
+            first = await asyncio.wait_for(ws.receive_text(), AUTH_WAIT_S)
+            frame = parse_frame(first)
+        except (TimeoutError, BadFrame, WebSocketDisconnect, KeyError, RuntimeError):
+            await _refuse(ws, "authenticate first: a Bearer header or an auth frame")
+            return None
+        if frame.get("type") != "auth":
+            await _refuse(
+                ws, 'the first frame must be {"type": "auth", "apiKey": ..., "role": ...}'
+            )
+            return None
+        api_key = frame.get("apiKey")
+        key = api_key if isinstance(api_key, str) else ""
+        role = frame.get("role", "runtime")
+        executer_id = frame.get("executerId")
+    if role not in ("executer", "runtime"):
+        await _refuse(ws, "role must be executer or runtime")
+        return None
+    if executer_id is not None and (
+        not isinstance(executer_id, str) or not EXECUTER_ID.fullmatch(executer_id)
+    ):
+        await _refuse(ws, f"executerId must match {EXECUTER_ID.pattern}")
+        return None
+    if not accounts.KEY_PATTERN.fullmatch(key):
+        await _refuse(ws, "not a Kyronix API key (kyr_...)")
+        return None
+    info = await asyncio.to_thread(
+        state.db.read, lambda c: accounts.lookup_key(c, state.secret, key)
+    )
+    if info is None:
+        await _refuse(ws, "this API key is unknown or has been revoked")
+        return None
+    if role == "executer" and executer_id is None:
+        executer_id = DEFAULT_EXECUTER
+    return Peer(ws, role, info.project_id, executer_id if role == "executer" else None)
+
+
+async def _refuse(ws: WebSocket, reason: str) -> None:
+    with contextlib.suppress(Exception):
+        await ws.close(code=CLOSE_UNAUTHORIZED, reason=reason[:120])
+
+
+async def websocket_endpoint(ws: WebSocket) -> None:
+    state: AppState = ws.app.state.kx
+    await ws.accept()
+    if state.draining:
+        with contextlib.suppress(Exception):
+            await ws.close(code=1012, reason="the server is restarting; connect again")
+        return
+    peer = await _authenticate(ws, state)
+    if peer is None:
+        return
+    relay = state.relay
+    ready: dict[str, Any] = {"type": "ready", "role": peer.role, "projectId": peer.project_id}
+    if peer.executer_id is not None:
+        ready["executerId"] = peer.executer_id
+    await peer.send(ready)
+    if peer.role == "executer":
+        await relay.attach_executer(peer)
+        log.info("executer %s of project %s connected", peer.executer_id, peer.project_id)
+    waiters: dict[str, Waiter] = {}
+    try:
+        while True:
+            try:
+                text = await ws.receive_text()
+            except (WebSocketDisconnect, RuntimeError):
+                break
+            except KeyError:  # a binary frame
+                await peer.send(_error("bad_frame", "send JSON text frames, not binary"))
+                continue
+            peer.seen = time.monotonic()
+            try:
+                frame = parse_frame(text)
+                await _dispatch(relay, peer, frame, waiters)
+            except BadFrame as exc:
+                await peer.send(_error("bad_frame", str(exc)))
+    finally:
+        peer.closed = True
+        for waiter in waiters.values():
+            relay.forget_waiter(waiter)
+        relay.detach(peer)
+        if peer.role == "executer":
+            log.info("executer %s of project %s disconnected", peer.executer_id, peer.project_id)
+
+
+async def _dispatch(
+    relay: Relay, peer: Peer, frame: dict[str, Any], waiters: dict[str, Waiter]
+) -> None:
+    kind = frame["type"]
+    if kind not in KNOWN:
+        raise BadFrame(f"unknown frame type {kind!r}")
+    if kind not in ALLOWED[peer.role]:
+        await peer.send(
+            _error(
+                "forbidden",
+                f"a{'n' if peer.role == 'executer' else ''} {peer.role} may not send {kind!r} "
+                f"frames",
+                **(
+                    {"executionId": frame["executionId"]}
+                    if isinstance(frame.get("executionId"), str)
+                    else {}
+                ),
+            )
+        )
+        return
+    if kind == "ping":
+        await peer.send({"type": "pong", **({"ts": frame["ts"]} if "ts" in frame else {})})
+    elif kind == "pong":
+        return
+    elif kind == "kml_request":
+        await _kml_request(relay, peer, frame, waiters)
+    elif kind == "kml_result":
+        _field(frame, "executionId", FRAME_ID)
+        if not isinstance(frame.get("results"), list):
+            raise BadFrame("kml_result: 'results' must be a list")
+        await relay.result(peer, frame)
+    elif kind == "kml_progress":
+        _field(frame, "executionId", FRAME_ID)
+        await relay.progress(peer, frame)
+    elif kind == "resolve":
+        _field(frame, "executionId", FRAME_ID)
+        if frame.get("resolution") not in RESOLUTIONS:
+            raise BadFrame("resolve: 'resolution' must be rerun, skipped or applied")
+        _optional(frame, "executerId", EXECUTER_ID)
+        _optional(frame, "requestId", FRAME_ID)
+        await relay.resolve(peer, frame)
+    elif kind in ("resolved", "error"):  # an executer's answer to a resolve
+        await relay.resolved(peer, frame)
+
+
+async def _kml_request(
+    relay: Relay, peer: Peer, frame: dict[str, Any], waiters: dict[str, Waiter]
+) -> None:
+    request_id = _field(frame, "executionId", FRAME_ID)
+    kml = _field(frame, "kmlResponse")
+    executer_id = _optional(frame, "executerId", EXECUTER_ID)
+    session_id = frame.get("sessionId") if isinstance(frame.get("sessionId"), str) else None
+    timeout = frame.get("timeout", DEFAULT_TIMEOUT_S)
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= MAX_TIMEOUT_S
+    ):
+        raise BadFrame(
+            f"kml_request: 'timeout' must be seconds, more than 0 and at most {MAX_TIMEOUT_S:g}"
+        )
+
+    async def waiter(out: dict[str, Any]) -> None:
+        await peer.send(out)
+
+    old = waiters.pop(request_id, None)
+    if old is not None:
+        relay.forget_waiter(old)
+    waiters[request_id] = waiter
+    try:
+        await relay.request(
+            peer.project_id, request_id, kml, waiter, executer_id=executer_id,
+            timeout=float(timeout), session_id=session_id,
+        )  # fmt: skip
+    except TunnelFailure as exc:
+        waiters.pop(request_id, None)
+        await peer.send(_error(exc.code, exc.message, executionId=request_id))
+
+
+async def heartbeat_forever(relay: Relay, every: float = 15.0) -> None:
+    """Drop executers that went silent (their pending requests wait for them to return)."""
+    while True:
+        await asyncio.sleep(every)
+        for peer in relay.silent(time.monotonic()):
+            log.info(
+                "executer %s of project %s went silent; dropped", peer.executer_id, peer.project_id
+            )
+            relay.detach(peer)
+            await peer.close(4408, "no heartbeat for 45 s")
