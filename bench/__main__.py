@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 import platform
 
-from bench import append, concurrency, executer, kml, load, runtime, server, size, startup
+from bench import (
+    append,
+    concurrency,
+    executer,
+    kml,
+    load,
+    runtime,
+    server,
+    size,
+    startup,
+    tunnel,
+)
 
 
 def main() -> None:
@@ -23,6 +34,7 @@ def main() -> None:
         executer.run(100, 1)
         concurrency.run(5, 3, repeat=1)
         server.run(40, 40, 4)
+        tunnel.run(200)
     else:
         append.run(10_000, 3)
         load.run(100_000, 5)
@@ -33,6 +45,7 @@ def main() -> None:
         executer.run()
         concurrency.run(50, 20, repeat=3)
         server.run()
+        tunnel.run()
 
 
 if __name__ == "__main__":

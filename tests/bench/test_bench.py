@@ -35,7 +35,7 @@ def test_every_benchmark_runs(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr
-    for name in ("append", "load", "size", "kml", "executer", "concurrency", "server"):
+    for name in ("append", "load", "size", "kml", "executer", "concurrency", "server", "tunnel"):
         assert f"\n{name} " in "\n" + out.stdout, out.stdout
     assert "ratio" in out.stdout
 
