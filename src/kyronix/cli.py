@@ -1,17 +1,25 @@
-"""The ``kyronix`` command: ``kyronix exec`` runs a KML plan locally; ``kyronix receipts prune``
-forgets old receipts. The server's subcommands (serve, keys, agents) come with its issue."""
+"""The ``kyronix`` command: ``kyronix exec`` runs a KML plan locally; ``kyronix executer`` serves
+the server's WebSocket tunnel as a daemon (``kyronix executer resolve`` rules on what it left
+uncertain); ``kyronix receipts prune`` forgets old receipts. The server's subcommands (serve,
+projects, keys, credits) are added by :mod:`kyronix.server.cli`."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from kiso import __version__
+
+if TYPE_CHECKING:
+    from kiso.kernel.execution import Ruling
+    from kyronix.executer import KyronixExecuter
 
 _RECEIPTS = click.option(
     "--receipts",
@@ -96,7 +104,7 @@ def exec_command(
     JSON. Exit status: 0 when every tool succeeded, 1 when one failed, 2 when the plan could not
     be read (missing, unreadable, not UTF-8) or parsed (then nothing ran)."""
     from kiso.kernel.errors import UsageError
-    from kiso.kernel.execution import Ruling, parse_ruling
+    from kiso.kernel.execution import parse_ruling
     from kyronix.executer import (
         ROOT_POLICIES,
         SAFE_POLICIES,
@@ -155,9 +163,7 @@ def exec_command(
                 )
                 return
             if rulings:
-                for eid, ruling in rulings:
-                    executer.resolve(eid, ruling, base)
-                    click.echo(f"{eid}: {ruling.value}", err=True)
+                _apply_rulings(executer, rulings, base)
                 return
             if plan is None:
                 raise click.UsageError("give the KML plan to run (a file, or - for standard input)")
@@ -174,6 +180,16 @@ def exec_command(
     _print(results)
     if not all(r["result"]["success"] for r in results):
         sys.exit(1)
+
+
+def _apply_rulings(
+    executer: KyronixExecuter, rulings: Sequence[tuple[str, Ruling]], base: str
+) -> None:
+    """Settle uncertain executions (``kyronix exec --resolve``, ``kyronix executer resolve``),
+    saying each one on stderr; a :class:`~kyronix.errors.KyronixError` goes to the caller."""
+    for eid, ruling in rulings:
+        executer.resolve(eid, ruling, base)
+        click.echo(f"{eid}: {ruling.value}", err=True)
 
 
 def _read_plan(plan: str) -> str:
@@ -256,6 +272,184 @@ def prune_command(*, older_than: str, receipts: str | None, base: str | None) ->
     except KyronixError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"pruned {removed} receipt{'s' if removed != 1 else ''} older than {older_than}")
+
+
+_BASE = click.option(
+    "--base",
+    "base",
+    type=click.Path(file_okay=False, dir_okay=True, exists=True),
+    default=".",
+    show_default=True,
+    help="The directory every path is resolved in (nothing outside it is touched).",
+)
+
+
+@cli.group(
+    "executer",
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.option("--ws", "ws_url", metavar="URL", help="The server's tunnel: ws://HOST:8080/ws.")
+@_BASE
+@click.option("--root", is_flag=True, help="Allow every tool (ROOT_POLICIES) instead of SAFE.")
+@click.option(
+    "--allow",
+    "allowed",
+    multiple=True,
+    metavar="ACTION",
+    help="Also allow an action, e.g. tool:terminal, tool:http_request, net:private. Repeatable.",
+)
+@click.option(
+    "--api-key",
+    "api_key",
+    metavar="KEY",
+    default=None,
+    help="The project's API key (kyr_...; default: $KYRONIX_API_KEY).",
+)
+@click.option(
+    "--executer-id",
+    "executer_id",
+    metavar="ID",
+    default="default",
+    show_default=True,
+    help="This executer's name in the project (runtimes may address it by it).",
+)
+@_RECEIPTS
+@click.option(
+    "--pass-env",
+    "pass_env",
+    multiple=True,
+    metavar="NAME",
+    help="Pass this environment variable to the terminal though it looks like a credential.",
+)
+@click.pass_context
+def executer_group(
+    ctx: click.Context,
+    *,
+    ws_url: str | None,
+    base: str,
+    root: bool,
+    allowed: tuple[str, ...],
+    api_key: str | None,
+    executer_id: str,
+    receipts: str | None,
+    pass_env: tuple[str, ...],
+) -> None:
+    """Serve the server's WebSocket tunnel: run the KML requests it relays in --base, under the
+    policies (SAFE unless --root / --allow), with receipts so nothing runs twice. Reconnects by
+    itself; SIGTERM or Ctrl-C lets the running requests finish, then exits with status 0 (a
+    second one stops at once, status 1). `kyronix executer resolve` rules on what a killed
+    executer left uncertain."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not ws_url:
+        raise click.UsageError("give the server's tunnel URL with --ws ws://HOST:8080/ws")
+    from kyronix.executer import (
+        ROOT_POLICIES,
+        SAFE_POLICIES,
+        KyronixError,
+        KyronixExecuter,
+        KyronixUsageError,
+        PermissionManager,
+        TunnelEvent,
+        allow,
+    )
+
+    for action in allowed:
+        if ":" not in action:
+            raise click.UsageError(
+                f"--allow takes an action such as tool:terminal or net:private, got {action!r}"
+            )
+    policies = ROOT_POLICIES if root else SAFE_POLICIES
+
+    def say(event: TunnelEvent) -> None:
+        click.echo(event.message, err=True)
+
+    try:
+        executer = KyronixExecuter(
+            ws_url,
+            PermissionManager((*policies, *(allow(a) for a in allowed))),
+            api_key=api_key,
+            executer_id=executer_id,
+            base_path=base,
+            receipts=receipts,
+            pass_env=pass_env,
+            on_tunnel_event=say,
+        )
+    except KyronixUsageError as exc:
+        raise click.UsageError(str(exc)) from None
+    except KyronixError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        _serve_daemon(executer)
+    except KyronixError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        executer.close()
+
+
+def _serve_daemon(executer: KyronixExecuter) -> None:
+    """Serve until SIGTERM / SIGINT: the first lets running requests finish, a second exits."""
+    import asyncio
+    import signal
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        signals = 0
+
+        def stop(name: str) -> None:
+            nonlocal signals
+            signals += 1
+            tunnel = executer.tunnel
+            if signals > 1 or tunnel is None:
+                running = tunnel.running_requests if tunnel is not None else []
+                click.echo(
+                    f"{name} again: stopped at once; interrupted: {', '.join(running) or 'none'} "
+                    f"(a tool with effects that was running is uncertain until resolved)",
+                    err=True,
+                )
+                os._exit(1)
+            click.echo(f"{name}: stopping", err=True)
+            tunnel.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop, sig.name)
+        try:
+            await executer.serve_forever()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await executer.aclose()
+
+    asyncio.run(main())
+
+
+@executer_group.command("resolve", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("execution_id", metavar="ID")
+@click.argument("ruling", metavar="rerun|skipped|applied")
+@_BASE
+@_RECEIPTS
+def executer_resolve_command(
+    *, execution_id: str, ruling: str, base: str, receipts: str | None
+) -> None:
+    """Rule on an uncertain execution after checking what really happened: rerun lets the next
+    request run it, skipped / applied (skip is accepted) record that outcome as its result.
+    The same as `kyronix exec --resolve ID=RULING`."""
+    from kiso.kernel.errors import UsageError
+    from kiso.kernel.execution import parse_ruling
+    from kyronix.executer import KyronixError, KyronixExecuter
+
+    try:
+        how = parse_ruling(ruling)
+    except UsageError:
+        how = None
+    if how is None:
+        raise click.UsageError(f"the ruling is rerun, skipped (or skip) or applied, got {ruling!r}")
+    try:
+        with KyronixExecuter(receipts=receipts) as executer:
+            _apply_rulings(executer, [(execution_id, how)], base)
+    except KyronixError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 from kyronix.server.cli import add_commands  # noqa: E402

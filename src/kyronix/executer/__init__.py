@@ -5,6 +5,10 @@
     executer = KyronixExecuter(permissions=PermissionManager(ROOT_POLICIES))
     results = executer.execute_sync(kml_text, "/path/to/project")
 
+    # serve the WebSocket tunnel of `kyronix serve` (key from $KYRONIX_API_KEY)
+    executer = KyronixExecuter(ws_url="ws://localhost:8080/ws", base_path="/path/to/project")
+    executer.start()  # a background thread; or `async with executer:` in async code
+
 The exception tree (:mod:`kyronix.errors`) is exported here too. See docs/executer.md.
 """
 
@@ -27,7 +31,14 @@ from kyronix.errors import (
     UnknownExecutionError,
     UnsupportedError,
 )
-from kyronix.executer.executer import CustomHandler, KyronixExecuter, RulingName
+from kyronix.executer.daemon import Tunnel, TunnelEvent, TunnelRefusedError, TunnelReplacedError
+from kyronix.executer.executer import (
+    CustomHandler,
+    KyronixExecuter,
+    Progress,
+    ProgressCallback,
+    RulingName,
+)
 from kyronix.executer.permissions import (
     ROOT_POLICIES,
     SAFE_POLICIES,
@@ -59,6 +70,8 @@ __all__ = [
     "Param",
     "PermissionManager",
     "Policy",
+    "Progress",
+    "ProgressCallback",
     "Receipt",
     "ReceiptConflict",
     "ReceiptError",
@@ -71,6 +84,10 @@ __all__ = [
     "ToolFailure",
     "ToolOutput",
     "ToolSpec",
+    "Tunnel",
+    "TunnelEvent",
+    "TunnelRefusedError",
+    "TunnelReplacedError",
     "UnknownExecutionError",
     "UnsupportedError",
     "allow",

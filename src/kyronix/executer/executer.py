@@ -29,6 +29,12 @@ Every entry has one shape, built as a :class:`~kyronix.executer.results.ResultEn
 ``{tool, args, result: {success, output, executionId, ms, error?, errorType?, data?,
 truncated?, uncertain?, running?, pid?, skipped?, resolved?, stored?}}``, with ``args`` as
 resolved (absolute paths, the defaulted ``cwd``, typed numbers and flags).
+
+``execute(on_progress=...)`` reports each tool that runs as it runs (:class:`Progress`:
+``tool_started``, ``output`` chunks of the ``terminal`` tool, ``tool_finished``), always on the
+event loop ``execute`` runs on. ``KyronixExecuter(ws_url=...)`` serves the same pipeline over the
+WebSocket tunnel (:mod:`kyronix.executer.daemon`): :meth:`KyronixExecuter.start` on a background
+thread, or ``await connect()`` / ``serve_forever()`` / ``aclose()`` (``async with``) on yours.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import os
 import re
 import threading
@@ -44,17 +51,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kiso.kernel.execution import ExecutionId, ReceiptState, Rerunnable, Ruling, is_rerunnable
 from kyronix.errors import (
     ExecutionRunningError,
+    KyronixRunError,
     KyronixTypeError,
     KyronixUsageError,
     ReceiptConflict,
     ReceiptStoreError,
     RunningLoopError,
-    UnsupportedError,
 )
 from kyronix.executer.arguments import prepare
 from kyronix.executer.locks import DEFAULT_TIMEOUT_S, FileLocks, HeldLocks
@@ -76,9 +83,22 @@ from kyronix.executer.tools.base import (
     ToolOutput,
     ToolSpec,
 )
+from kyronix.executer.tools.terminal import OUTPUT_SINK
 from kyronix.kml import Plan, ToolCall, parse
 
-__all__ = ["CustomHandler", "KyronixExecuter", "RulingName"]
+if TYPE_CHECKING:
+    from kyronix.executer.daemon import Tunnel, TunnelEvent
+
+__all__ = [
+    "PROGRESS_OUTPUT_LIMIT",
+    "CustomHandler",
+    "KyronixExecuter",
+    "Progress",
+    "ProgressCallback",
+    "RulingName",
+]
+
+log = logging.getLogger("kyronix.executer")
 
 CustomHandler = Callable[[dict[str, Any]], Any]
 """A registered tool: ``handler(args) -> result`` (sync or async)."""
@@ -88,6 +108,33 @@ RulingName = Literal["rerun", "skipped", "applied"]
 type-checks (``resolve`` takes a ``Ruling`` too; a test keeps the two the same)."""
 
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
+_KEY_TEXT = re.compile(r"[\x21-\x7e]+")
+
+PROGRESS_OUTPUT_LIMIT = 1_000_000
+"""Characters of one tool's output streamed as ``output`` progress; beyond it one last chunk
+says streaming stopped (the result still holds the output, capped as always)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One step of a tool as it runs, for ``execute(on_progress=...)``.
+
+    ``tool_started`` comes right before the tool runs (after its receipt, permission and locks),
+    ``output`` with each ``chunk`` the ``terminal`` tool's command prints, ``tool_finished``
+    with ``success`` once its result is recorded. A tool that does not run (a replayed receipt,
+    a refusal, a bad argument, a skipped tool) sends none: its entry in the results says why.
+    """
+
+    event: Literal["tool_started", "tool_finished", "output"]
+    tool: str
+    execution_id: str
+    """The tool's ``executionId`` (its receipt key)."""
+    success: bool | None = None
+    chunk: str | None = None
+
+
+ProgressCallback = Callable[[Progress], object]
+"""``on_progress(progress)``: called on ``execute``'s event loop; what it raises is logged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +157,18 @@ class KyronixExecuter:
     from (default: this process's), always with credentials removed
     (:func:`kiso.tools.env.child_env`) except the names in ``pass_env``, which the caller passes
     through explicitly. ``lock_timeout_s`` is how long a call waits for a file another call is
-    changing before it fails (``errorType: "Busy"``). ``ws_url`` is for the WebSocket tunnel,
-    which comes with the Kyronix server; passing it today is an error rather than a silent no-op.
+    changing before it fails (``errorType: "Busy"``). ``base_path`` is the default base of
+    :meth:`execute` (else the current directory, at each call) and the base the tunnel runs
+    every request in (else the current directory when the executer is made).
+
+    ``ws_url`` (``ws://host:8080/ws``) is the server's tunnel. Constructing the executer never
+    connects (it needs no event loop): :meth:`start` (or ``with executer:``) runs the tunnel on
+    a background thread of its own, ``await connect()`` (or ``async with executer:``) on the
+    running loop; see docs/executer.md, *The WebSocket tunnel*. It authenticates with
+    ``api_key`` (default: ``$KYRONIX_API_KEY``) as executer ``executer_id`` (default
+    ``default``). ``on_tunnel_event`` gets each :class:`~kyronix.executer.daemon.TunnelEvent`
+    (connected, disconnected, a request answered...) on the tunnel's loop; ``heartbeat_s`` is
+    the interval of its ``ping`` frames.
     """
 
     def __init__(
@@ -119,18 +176,50 @@ class KyronixExecuter:
         ws_url: str | None = None,
         permissions: PermissionManager | Iterable[Policy] | None = None,
         *,
+        api_key: str | None = None,
+        executer_id: str | None = None,
+        base_path: str | os.PathLike[str] | None = None,
         receipts: ReceiptStore | str | os.PathLike[str] | None = None,
         continue_on_denial: bool = False,
         env: Mapping[str, str] | None = None,
         pass_env: Iterable[str] = (),
         lock_timeout_s: float = DEFAULT_TIMEOUT_S,
+        on_tunnel_event: Callable[[TunnelEvent], object] | None = None,
+        heartbeat_s: float = 15.0,
     ) -> None:
-        if ws_url is not None:
-            raise UnsupportedError(
-                "the WebSocket tunnel (ws_url) arrives with the Kyronix server; run KML locally "
-                "with execute() / execute_sync() or `kyronix exec plan.kml --base DIR` until then"
+        if not (isinstance(heartbeat_s, int | float) and heartbeat_s > 0):
+            raise KyronixUsageError(
+                f"heartbeat_s is a number of seconds above 0, got {heartbeat_s!r}"
             )
         self.ws_url = ws_url
+        self.base_path: Path | None = _base(base_path) if base_path is not None else None
+        self.executer_id = executer_id if executer_id is not None else "default"
+        self._api_key: str | None = None
+        self._on_tunnel_event = on_tunnel_event
+        self._heartbeat_s = heartbeat_s
+        self._tunnel: Tunnel | None = None
+        self._tunnel_task: asyncio.Task[None] | None = None
+        self._tunnel_thread: threading.Thread | None = None
+        if ws_url is not None:
+            from kyronix.executer.frames import executer_url
+
+            executer_url(ws_url, self.executer_id)  # a bad URL or id is an error now, not later
+            key = api_key if api_key is not None else os.environ.get("KYRONIX_API_KEY")
+            if not key:
+                raise KyronixUsageError(
+                    "the WebSocket tunnel needs the project's API key: pass api_key=... or set "
+                    "KYRONIX_API_KEY (create one with `kyronix keys create --project NAME`)"
+                )
+            if not isinstance(key, str) or not _KEY_TEXT.fullmatch(key):
+                raise KyronixUsageError(
+                    "the API key is one word of printable ASCII (kyr_...); check for spaces or "
+                    "a line break pasted with it"
+                )
+            self._api_key = key
+            if self.base_path is None:
+                self.base_path = _base(None)
+        elif api_key is not None or executer_id is not None:
+            raise KyronixUsageError("api_key= and executer_id= are for the tunnel: pass ws_url=")
         if permissions is None:
             self.permissions = PermissionManager(SAFE_POLICIES)
         elif isinstance(permissions, PermissionManager):
@@ -220,16 +309,21 @@ class KyronixExecuter:
         base_path: str | os.PathLike[str] | None = None,
         *,
         continue_on_denial: bool | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> list[EntryDict]:
-        """Run every tool of ``kml`` inside ``base_path`` (default: the current directory).
+        """Run every tool of ``kml`` inside ``base_path`` (default: the executer's
+        ``base_path``, else the current directory).
 
-        Raises :class:`~kyronix.errors.KmlError` (with the offset) when the KML is malformed or
-        truncated: then nothing runs. Raises :class:`~kyronix.errors.KyronixUsageError` when
-        ``base_path`` is not a directory and :class:`~kyronix.errors.ReceiptStoreError` when the
-        receipt store cannot be used. A tool's own failure is never raised: it is its result.
+        ``on_progress`` gets a :class:`Progress` as each tool starts, prints (``terminal``) and
+        finishes, on this event loop. Raises :class:`~kyronix.errors.KmlError` (with the
+        offset) when the KML is malformed or truncated: then nothing runs. Raises
+        :class:`~kyronix.errors.KyronixUsageError` when ``base_path`` is not a directory and
+        :class:`~kyronix.errors.ReceiptStoreError` when the receipt store cannot be used. A
+        tool's own failure is never raised: it is its result.
         """
         plan = kml if isinstance(kml, Plan) else parse(kml)
-        base = _base(base_path)
+        base = self._scope(base_path)
+        report = _Reporter(on_progress) if on_progress is not None else None
         go_on = self.continue_on_denial if continue_on_denial is None else continue_on_denial
         results: list[EntryDict] = []
         stopped_by: str | None = None
@@ -243,7 +337,7 @@ class KyronixExecuter:
                 if stopped_by is not None:
                     results.append(_skipped(call, stopped_by).to_dict())
                     continue
-                entry = await self._run(call, base, batch)
+                entry = await self._run(call, base, batch, report)
                 results.append(entry.to_dict())
                 outcome = entry.result
                 if not go_on and not outcome.success:
@@ -263,8 +357,10 @@ class KyronixExecuter:
         base_path: str | os.PathLike[str] | None = None,
         *,
         continue_on_denial: bool | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> list[EntryDict]:
-        """:meth:`execute` for code without an event loop."""
+        """:meth:`execute` for code without an event loop (``on_progress`` is called on this
+        thread)."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -273,21 +369,28 @@ class KyronixExecuter:
             raise RunningLoopError(
                 "execute_sync() was called inside a running event loop; await execute() there"
             )
-        return asyncio.run(self.execute(kml, base_path, continue_on_denial=continue_on_denial))
+        return asyncio.run(
+            self.execute(
+                kml, base_path, continue_on_denial=continue_on_denial, on_progress=on_progress
+            )
+        )
+
+    def _scope(self, base_path: str | os.PathLike[str] | None) -> Path:
+        return _base(base_path if base_path is not None else self.base_path)
 
     def uncertain_executions(
         self, base_path: str | os.PathLike[str] | None = None
     ) -> list[Receipt]:
         """Executions under ``base_path`` that started and never finished, and that no live
         process is still running: they wait for a person's ruling (:meth:`resolve`)."""
-        scope = str(_base(base_path))
+        scope = str(self._scope(base_path))
         return [r for r in self.receipts.uncertain(scope) if not self._running(r)]
 
     def running_executions(self, base_path: str | os.PathLike[str] | None = None) -> list[Receipt]:
         """Executions under ``base_path`` that started, have not finished, and that a live
         process (this executer, another one, or a command one started) still runs. Their
         ``pid`` is the executer that started them. They cannot be ruled on until they end."""
-        scope = str(_base(base_path))
+        scope = str(self._scope(base_path))
         return [r for r in self.receipts.uncertain(scope) if self._running(r)]
 
     def resolve(
@@ -308,7 +411,7 @@ class KyronixExecuter:
         live process still runs (after waiting up to ``wait`` seconds for it to end), and
         :class:`~kyronix.errors.KyronixUsageError` for another ``how``."""
         ruling = _ruling(how)
-        scope = str(_base(base_path))
+        scope = str(self._scope(base_path))
         eid = ExecutionId(execution_id)
         receipt = self.receipts.get(scope, eid)
         if receipt is not None and receipt.state is ReceiptState.STARTED:
@@ -354,12 +457,137 @@ class KyronixExecuter:
     def _running(self, receipt: Receipt) -> bool:
         return self._guards.running(receipt.scope, receipt.execution_id)
 
+    # -- the tunnel ----------------------------------------------------------------------------
+
+    @property
+    def tunnel(self) -> Tunnel | None:
+        """The tunnel started last (``connected``, ``project_id``, ``running_requests``...), or
+        None before :meth:`start` / :meth:`connect`."""
+        return self._tunnel
+
+    def start(self) -> None:
+        """Serve the tunnel on a background thread with its own event loop, and return at once
+        (it connects, and reconnects, by itself; :meth:`wait_connected` waits for the server's
+        ``ready``). :meth:`close` stops it and joins the thread."""
+        tunnel = self._new_tunnel()
+        thread = threading.Thread(
+            target=_serve_in_thread, args=(tunnel,), name="kyronix-tunnel", daemon=True
+        )
+        self._tunnel_thread = thread
+        thread.start()
+
+    def wait_connected(self, timeout: float | None = None) -> bool:
+        """After :meth:`start`: wait until the tunnel is connected (True) or ``timeout`` seconds
+        passed (False). Raises what ended the tunnel, such as
+        :class:`~kyronix.executer.daemon.TunnelRefusedError` for a refused key."""
+        if self._tunnel is None:
+            raise KyronixUsageError("the tunnel is not started: call start() first")
+        return self._tunnel.wait_connected_sync(timeout)
+
+    async def connect(self, timeout: float | None = None) -> None:
+        """Start the tunnel as a task of the running event loop and wait for the server's
+        ``ready`` (retrying while the server cannot be reached, ``timeout`` seconds at most:
+        then it stops and raises :class:`~kyronix.errors.KyronixRunError`). Raises
+        :class:`~kyronix.executer.daemon.TunnelRefusedError` for a refused key. The tunnel
+        keeps serving (and reconnecting) until :meth:`aclose`."""
+        tunnel = self._new_tunnel()
+        self._tunnel_task = asyncio.get_running_loop().create_task(
+            tunnel.run(), name="kyronix-tunnel"
+        )
+        try:
+            await tunnel.wait_until_connected(timeout)
+        except TimeoutError:
+            await self._stop_task()
+            raise KyronixRunError(
+                f"not connected to {tunnel.shown_url} within {timeout:g} s; is `kyronix serve` "
+                f"running there? (the tunnel was stopped)"
+            ) from None
+        except BaseException:
+            await self._stop_task()
+            raise
+
+    async def serve_forever(self) -> None:
+        """Serve the tunnel until it is stopped (:meth:`aclose` from another task, or a
+        signal handler calling ``executer.tunnel.stop()``); start it first if :meth:`connect`
+        did not. Raises what ended it: a refused key, a replacement by another executer."""
+        task = self._tunnel_task
+        if task is not None and task.done():
+            self._tunnel_task = None
+            ended = task.exception()
+            if ended is not None:
+                raise ended
+            task = None
+        if task is None:
+            tunnel = self._new_tunnel()
+            task = asyncio.get_running_loop().create_task(tunnel.run(), name="kyronix-tunnel")
+            self._tunnel_task = task
+        await asyncio.shield(task)
+
+    async def aclose(self) -> None:
+        """Stop the tunnel (no new request; the running ones finish and are answered; the
+        connection is closed), then :meth:`close`."""
+        await self._stop_task()
+        await asyncio.to_thread(self.close)
+
     def close(self) -> None:
-        """Stop the browser (if one was started) and close the receipt store."""
+        """Stop the tunnel if it runs (waiting for the requests it is running to finish, and
+        joining its thread), stop the browser (if one was started), close the receipt store.
+        A tunnel running on this very event loop needs ``await aclose()`` instead."""
+        task = self._tunnel_task
+        if task is not None and not task.done():
+            loop = task.get_loop()
+            try:
+                here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
+            if here is loop:
+                raise RunningLoopError(
+                    "the tunnel runs on this event loop: await executer.aclose() to close it"
+                )
+            asyncio.run_coroutine_threadsafe(self._stop_task(), loop).result()
+        thread, self._tunnel_thread = self._tunnel_thread, None
+        if thread is not None:
+            assert self._tunnel is not None
+            self._tunnel.stop_threadsafe()
+            thread.join()
         self._resources.close()
         self.receipts.close()
 
+    def _new_tunnel(self) -> Tunnel:
+        if self.ws_url is None:
+            raise KyronixUsageError(
+                "this executer has no tunnel: make it with "
+                "KyronixExecuter(ws_url='ws://HOST:8080/ws')"
+            )
+        if self._tunnel is not None and not self._tunnel.ended:
+            raise KyronixUsageError("the tunnel is already started; close it first")
+        from kyronix.executer.daemon import Tunnel
+
+        assert self._api_key is not None and self.base_path is not None
+        self._tunnel = Tunnel(
+            self,
+            self.ws_url,
+            api_key=self._api_key,
+            executer_id=self.executer_id,
+            base_path=self.base_path,
+            heartbeat_s=self._heartbeat_s,
+            silence_s=3 * self._heartbeat_s,
+            on_event=self._on_tunnel_event,
+        )
+        return self._tunnel
+
+    async def _stop_task(self) -> None:
+        task, self._tunnel_task = self._tunnel_task, None
+        if task is None:
+            return
+        if self._tunnel is not None:
+            self._tunnel.stop()
+        # What ended it (a refusal) was raised to whoever awaited connect/serve_forever.
+        await asyncio.gather(task, return_exceptions=True)
+
     def __enter__(self) -> KyronixExecuter:
+        if self.ws_url is not None:
+            self.start()
         return self
 
     def __exit__(
@@ -371,6 +599,8 @@ class KyronixExecuter:
         self.close()
 
     async def __aenter__(self) -> KyronixExecuter:
+        if self.ws_url is not None:
+            await self.connect()
         return self
 
     async def __aexit__(
@@ -379,11 +609,13 @@ class KyronixExecuter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await asyncio.to_thread(self.close)
+        await self.aclose()
 
     # -- one call ------------------------------------------------------------------------------
 
-    async def _run(self, call: ToolCall, base: Path, batch: _Batch) -> ResultEntry:
+    async def _run(
+        self, call: ToolCall, base: Path, batch: _Batch, report: _Reporter | None = None
+    ) -> ResultEntry:
         scope = str(base)
         eid = ExecutionId(call.execution_id)
         digest = request_hash(call.name, call.args)
@@ -400,17 +632,24 @@ class KyronixExecuter:
             batch.known.pop(eid, None)
             known = self.receipts.get(scope, eid)
             if known is None:  # it failed before running (denied, bad arguments): evaluate anew
-                return await self._run(call, base, batch)
+                return await self._run(call, base, batch, report)
             return self._replay(call, known, digest)
         try:
-            return await self._run_claimed(call, base, eid, digest, batch)
+            return await self._run_claimed(call, base, eid, digest, batch, report=report)
         finally:
             with self._inflight_lock:
                 self._inflight.pop(key, None)
             event.set()
 
     async def _run_claimed(
-        self, call: ToolCall, base: Path, eid: ExecutionId, digest: str, batch: _Batch
+        self,
+        call: ToolCall,
+        base: Path,
+        eid: ExecutionId,
+        digest: str,
+        batch: _Batch,
+        *,
+        report: _Reporter | None,
     ) -> ResultEntry:
         started = time.monotonic()
         scope = str(base)
@@ -467,6 +706,8 @@ class KyronixExecuter:
                         guard.release()
                         guard = None
                     return self._replay(call, raced, digest)
+            if report is not None:
+                report.emit(Progress("tool_started", call.name, call.execution_id))
             if spec is not None:
                 ctx = Call(
                     tool=call.name,
@@ -480,7 +721,13 @@ class KyronixExecuter:
                     pass_env=self._pass_env,
                     inherit_fds=(guard.fd,) if guard is not None else (),
                 )
-                outcome = await _invoke(spec, ctx, inline=spec.read_only)
+                sink = OUTPUT_SINK.set(
+                    report.output_sink(call.name, call.execution_id) if report else None
+                )
+                try:
+                    outcome = await _invoke(spec, ctx, inline=spec.read_only)
+                finally:
+                    OUTPUT_SINK.reset(sink)
             else:
                 assert custom is not None
                 outcome = await _invoke_custom(custom.handler, args)
@@ -491,6 +738,12 @@ class KyronixExecuter:
                 batch.flush()
                 await asyncio.to_thread(
                     self.receipts.finish, scope, eid, call.name, digest, entry.to_dict()
+                )
+            if report is not None:
+                report.emit(
+                    Progress(
+                        "tool_finished", call.name, call.execution_id, success=entry.result.success
+                    )
                 )
             return entry
         finally:
@@ -573,6 +826,47 @@ class KyronixExecuter:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _serve_in_thread(tunnel: Tunnel) -> None:
+    """The background thread of :meth:`KyronixExecuter.start`: one event loop, one tunnel."""
+    try:
+        asyncio.run(tunnel.run())
+    except Exception:  # kept in tunnel.error: wait_connected() raises it
+        log.debug("the tunnel ended", exc_info=True)
+
+
+class _Reporter:
+    """``on_progress`` for one ``execute()``: every call made on its event loop (output read by
+    the terminal's reader thread is handed over with ``call_soon_threadsafe``)."""
+
+    def __init__(self, callback: ProgressCallback) -> None:
+        self.callback = callback
+        self.loop = asyncio.get_running_loop()
+
+    def emit(self, progress: Progress) -> None:
+        try:
+            self.callback(progress)
+        except Exception:
+            log.exception("the on_progress callback failed on %s", progress)
+
+    def output_sink(self, tool: str, execution_id: str) -> Callable[[str], None]:
+        sent = 0
+
+        def sink(chunk: str) -> None:
+            nonlocal sent
+            if sent >= PROGRESS_OUTPUT_LIMIT:
+                return
+            if sent + len(chunk) >= PROGRESS_OUTPUT_LIMIT:
+                chunk = chunk[: PROGRESS_OUTPUT_LIMIT - sent] + (
+                    f"\n[... output streaming stopped after {PROGRESS_OUTPUT_LIMIT} characters; "
+                    f"the result holds the output ...]\n"
+                )
+            sent += len(chunk)
+            progress = Progress("output", tool, execution_id, chunk=chunk)
+            self.loop.call_soon_threadsafe(self.emit, progress)
+
+        return sink
 
 
 class _Batch:

@@ -263,8 +263,9 @@ class PermissionManager:
         if action.startswith("tool:") and action[5:] in self._registered:
             return Decision(True, "a registered tool is allowed unless a policy denies it")
         hint = (
-            "pass permissions=PermissionManager(ROOT_POLICIES), or add "
-            f"allow({action!r}) to the policies, to allow it"
+            f"to allow it, pass permissions=PermissionManager(ROOT_POLICIES) or add "
+            f"allow({action!r}) to the policies (on the command line: --allow {action}, or "
+            f"--root)"
         )
         return Decision(False, f"{action} is not allowed{_on(target)} by any policy; {hint}")
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
+from kiso.kernel import TextBlock
 from kyronix import kml
 
 __all__ = [
@@ -99,6 +100,18 @@ _GUIDANCE = {
         "specific to the lead, with one clear call to action."
     ),
 }
+
+
+RESULTS_HEADER = "Results of the tools of your previous plan"
+"""How the block of tunnel results put in front of a session's next input begins."""
+
+
+def asked_text(blocks: Sequence[object]) -> str:
+    """The text of a user input without the tunnel results block put in front of it."""
+    texts = [b.text for b in blocks if isinstance(b, TextBlock)]
+    if len(texts) > 1 and texts[0].startswith(RESULTS_HEADER):
+        texts = texts[1:]
+    return "\n\n".join(texts)
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,15 @@ from kiso.runtime.rules import RulesFile
 from kyronix import kml
 from kyronix.errors import KmlError
 from kyronix.server import billing
-from kyronix.server.agents import Persona, builtin_persona, check_plan, custom_persona, finalize
+from kyronix.server.agents import (
+    RESULTS_HEADER,
+    Persona,
+    asked_text,
+    builtin_persona,
+    check_plan,
+    custom_persona,
+    finalize,
+)
 from kyronix.server.config import MILLI, ServerConfig, to_credits
 from kyronix.server.db import Database, custom_agents, executions, now_ms, runs, sessions
 from kyronix.server.driven import TunnelAgent, results_of_run, tunnel_tools
@@ -92,8 +100,9 @@ RESULT_KEY = "kyronix.result"
 RESULTS_KEY = "kyronix.results"
 """The ``setting_changed`` key that records what an executer answered for the session's plan
 (``{"requestId", "results"}``): shown to the model with the session's next input."""
-RESULTS_HEADER = "Results of the tools of your previous plan"
 TUNNEL_TURNS = 20
+ISSUED_KEPT = 100_000
+"""Plan tool ids kept in memory to record their results without a lookup."""
 """Model turns a server-driven run may take."""
 SessionKey = tuple[Persona, str | None]
 """What an open kiso session was opened for: its persona and its mode."""
@@ -257,11 +266,7 @@ def chat_of(events: Any) -> list[dict[str, Any]]:
 
 def _asked(ev: User) -> str:
     """What the user asked: the input without the tool results put in front of it."""
-    if isinstance(ev.content, tuple) and len(ev.content) > 1:
-        first = ev.content[0]
-        if isinstance(first, TextBlock) and first.text.startswith(RESULTS_HEADER):
-            return "\n\n".join(b.text for b in ev.content[1:] if isinstance(b, TextBlock))
-    return ev.text
+    return ev.content if isinstance(ev.content, str) else asked_text(ev.content)
 
 
 def _results_text(results: list[Any]) -> str:
@@ -310,6 +315,24 @@ def _with_results(text: str, events: Sequence[Event]) -> str | tuple[TextBlock, 
         TextBlock(f"{RESULTS_HEADER} (as the executer reported them):\n{shown}"),
         TextBlock(text),
     )
+
+
+class _Meter:
+    """A run's usage and provider cost, summed over its model turns (cost None: unknown)."""
+
+    def __init__(self) -> None:
+        self.input = self.output = 0
+        self.usd: float | None = 0.0
+
+    def add(self, model: str, usage: Usage) -> None:
+        self.input += usage.input or 0
+        self.output += usage.output or 0
+        cost = provider_cost(model, usage)
+        self.usd = None if self.usd is None or cost is None else self.usd + cost
+
+    @property
+    def usage(self) -> tuple[int, int]:
+        return (self.input, self.output)
 
 
 @dataclass
@@ -369,6 +392,9 @@ class RunManager:
         """Results that came back while the session's run was going: staged before its next."""
         self.relay: Relay | None = None
         """The tunnel (set by the app): the server-driven loop sends tool calls through it."""
+        self._issued: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        """Plan tool ids this process issued -> (project, session): where their results go."""
+        self._background: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ admission
 
@@ -661,11 +687,31 @@ class RunManager:
                 _end_open_run(session.writer, handle.id, "the run was cut short")
             raise
         finally:
-            self._busy.discard(handle.session_id)
+            await self._done_with(handle.session_id, key, session, keep=keep)
+
+    async def _done_with(self, sid: str, key: SessionKey, session: Session, *, keep: bool) -> None:
+        """The run is done with its session: results that came in meanwhile are recorded, then
+        the session is kept open for its next run (or closed if the run failed)."""
+        async with self._lock(sid):
+            self._busy.discard(sid)
+            waiting = self._unrecorded.pop(sid, [])
             if keep and not session.writer.closed:
-                await self._release(handle.session_id, key, session)
-            else:
-                await asyncio.to_thread(session.close)
+                try:
+                    if waiting:
+                        session.stage(*(SettingChanged(key=RESULTS_KEY, value=v) for v in waiting))
+                        await session.committed()
+                except Exception:
+                    log.warning("could not record tunnel results in session %s", sid)
+                    await asyncio.to_thread(session.close)
+                    return
+                await self._release(sid, key, session)
+                return
+            await asyncio.to_thread(session.close)
+            for value in waiting:
+                try:
+                    await asyncio.to_thread(self._append_closed, sid, value)
+                except Exception:
+                    log.warning("could not record tunnel results in session %s", sid)
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._locks.get(session_id)
@@ -747,8 +793,7 @@ class RunManager:
     ) -> _Outcome:
         prompt: str | tuple[TextBlock, ...] = _with_results(req.input, session.events)
         source = "user"
-        usage_in = usage_out = 0
-        usd: float | None = 0.0
+        meter = _Meter()
         texts: list[str] = []
         for attempt in range(2):
             if attempt:
@@ -762,11 +807,7 @@ class RunManager:
                     handle.add_text(ev.text)
                 elif isinstance(ev, ModelTurn):
                     text = ev.event.text
-                    u: Usage = ev.event.usage
-                    usage_in += u.input or 0
-                    usage_out += u.output or 0
-                    c = provider_cost(ev.event.model, u)
-                    usd = None if usd is None or c is None else usd + c
+                    meter.add(ev.event.model, ev.event.usage)
                     try:
                         plan = kml.parse(text)
                         problems = check_plan(plan, persona)
@@ -775,7 +816,7 @@ class RunManager:
                     if text and not problems:
                         accepted = self._success(
                             handle, plan=plan, run_key=ev.event.run, texts=[*texts, text],
-                            usd=usd, usage=(usage_in, usage_out),
+                            charge=self._charge(meter.usd), usage=meter.usage,
                         )  # fmt: skip
                         # recorded with the turn's run_ended: one commit, not two
                         (staged,) = session.stage(
@@ -796,7 +837,7 @@ class RunManager:
                     502,
                     error_body("model_error", f"the model failed: {why}", {"runId": handle.id}),
                     texts=texts,
-                    usage=(usage_in, usage_out),
+                    usage=meter.usage,
                     result={"runId": handle.id, "status": "failed", "response": ""},
                 )
             if accepted is not None:
@@ -816,7 +857,7 @@ class RunManager:
                 {"runId": handle.id, "problems": problems[:10]},
             ),
             texts=texts,
-            usage=(usage_in, usage_out),
+            usage=meter.usage,
             result={"runId": handle.id, "status": "failed", "response": ""},
         )
 
@@ -824,8 +865,7 @@ class RunManager:
         self, handle: RunHandle, session: Session, req: RunRequest, *, resume: bool
     ) -> _Outcome:
         """The server-driven loop: kiso runs the agent, each tool over the tunnel, to the end."""
-        usage_in = usage_out = 0
-        usd: float | None = 0.0
+        meter = _Meter()
         text = ""
         ended: Outcome | None = None
         kiso_run: str | None = session.fold.open_run if resume else None
@@ -840,11 +880,7 @@ class RunManager:
             elif isinstance(ev, ModelTurn):
                 kiso_run = ev.event.run
                 text = ev.event.text
-                u: Usage = ev.event.usage
-                usage_in += u.input or 0
-                usage_out += u.output or 0
-                c = provider_cost(ev.event.model, u)
-                usd = None if usd is None or c is None else usd + c
+                meter.add(ev.event.model, ev.event.usage)
             elif isinstance(ev, Terminal):
                 ended = ev.outcome
         if kiso_run is None:
@@ -858,13 +894,11 @@ class RunManager:
                     "model_error", f"the run did not finish: {why}",
                     {"runId": handle.id, "results": results},
                 ),
-                texts=[text], usage=(usage_in, usage_out),
+                texts=[text], usage=meter.usage,
                 result={"runId": handle.id, "status": "failed", "response": "", "results": results},
             )  # fmt: skip
-        charge = self.config.minimum_charge
-        if usd:
-            priced = round(usd * self.config.credits_per_usd * self.config.multiplier * MILLI)
-            charge = max(charge, priced)
+        charge = self._charge(meter.usd)
+        usage_in, usage_out = meter.usage
         ids = [str((r.get("result") or {}).get("executionId", "")) for r in results]
         body = {
             "response": text,
@@ -880,7 +914,7 @@ class RunManager:
             "runId": handle.id, "status": "completed", "response": text,
             "executionIds": ids, "cost": to_credits(charge), "results": results,
         }  # fmt: skip
-        outcome = _Outcome(200, body, charge, [text], (usage_in, usage_out), result)
+        outcome = _Outcome(200, body, charge, [text], meter.usage, result)
         if self._in_tx:  # the answer, its results and the charge: one transaction
             (staged,) = session.stage(SettingChanged(key=RESULT_KEY, value=result))
             outcome.recorded = True
@@ -907,21 +941,36 @@ class RunManager:
             if isinstance(e, dict) and isinstance(e.get("result"), dict)
         ]
         ids = [i for i in ids if isinstance(i, str)]
-        if not ids:
+        if not ids or not isinstance(ids[0], str):
             return
+        first: str = ids[0]
+        value = {"requestId": frame.get("executionId"), "results": results}
+        issued = self._issued.get(first)
+        if issued is not None and issued[0] == project_id:
+            await self._record(issued[1], value)
+            return
+        # Not issued by this process since it started: look it up in the background (a plan of
+        # a previous run of the server), so the round trip of everything else pays nothing.
+        self._spawn(self._record_lookup(project_id, first, value))
 
+    async def _record_lookup(
+        self, project_id: str, execution_id: str, value: dict[str, Any]
+    ) -> None:
         def owner(conn: Connection) -> str | None:
-            row = conn.execute(_EXECUTION, {"b_id": ids[0], "b_project": project_id}).first()
+            row = conn.execute(_EXECUTION, {"b_id": execution_id, "b_project": project_id}).first()
             return None if row is None else str(row.session_id)
 
         try:
             target = await asyncio.to_thread(self.db.read, owner)
         except Exception:
-            log.warning("could not look up the session of request %s", frame.get("executionId"))
+            log.warning("could not look up the session of request %s", value.get("requestId"))
             return
-        if target is None:
-            return  # not a plan this server issued (or the server's own loop: kiso records it)
-        value = {"requestId": frame.get("executionId"), "results": results}
+        if (
+            target is not None
+        ):  # None: not a plan of ours (or the server's own loop: kiso records it)
+            await self._record(target, value)
+
+    async def _record(self, target: str, value: dict[str, Any]) -> None:
         try:
             async with self._lock(target):
                 if target in self._busy:
@@ -935,9 +984,18 @@ class RunManager:
                     return
                 await asyncio.to_thread(self._append_closed, target, value)
         except Exception:
-            log.warning(
-                "could not record request %s in session %s", frame.get("executionId"), target
-            )
+            log.warning("could not record request %s in session %s", value.get("requestId"), target)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _remember(self, handle: RunHandle, ids: Sequence[str]) -> None:
+        for eid in ids:
+            self._issued[eid] = (handle.project_id, handle.session_id)
+        while len(self._issued) > ISSUED_KEPT:
+            self._issued.popitem(last=False)
 
     def _append_closed(self, session_id: str, value: dict[str, Any]) -> None:
         writer = self.store.open(session_id)
@@ -970,6 +1028,13 @@ class RunManager:
             task.add_done_callback(functools.partial(_forget_task, self.tasks, handle.id))
             log.info("run %s resumed from its session log (server-driven)", handle.id)
 
+    def _charge(self, usd: float | None) -> int:
+        """Millicredits for a run: ``max(minimum, provider cost x multiplier)``."""
+        if not usd:
+            return self.config.minimum_charge
+        priced = round(usd * self.config.credits_per_usd * self.config.multiplier * MILLI)
+        return max(self.config.minimum_charge, priced)
+
     def _success(
         self,
         handle: RunHandle,
@@ -977,14 +1042,10 @@ class RunManager:
         plan: kml.Plan,
         run_key: str,
         texts: list[str],
-        usd: float | None,
+        charge: int,
         usage: tuple[int, int],
     ) -> _Outcome:
         response, ids = finalize(plan, run_key)
-        charge = self.config.minimum_charge
-        if usd:
-            priced = round(usd * self.config.credits_per_usd * self.config.multiplier * MILLI)
-            charge = max(charge, priced)
         body = {
             "response": response,
             "sessionId": handle.session_id,
@@ -1046,6 +1107,8 @@ class RunManager:
             await asyncio.to_thread(
                 self.db.write, functools.partial(self._settle_tx, handle, outcome)
             )
+        if outcome.status == 200 and outcome.plan_ids:
+            self._remember(handle, outcome.plan_ids)
         handle.finish(outcome.status, outcome.body)
         log.info("run %s finished %s (cost %s)", handle.id, outcome.status, outcome.cost)
 

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from kiso.kernel import TextBlock, ToolCall, ToolResultMessage, Usage, UserMessage
 from kiso.providers.base import ModelRequest, StreamEvent, TextDelta, TurnDone
 from kyronix import kml
-from kyronix.server.agents import Persona
+from kyronix.server.agents import Persona, asked_text
 
 __all__ = ["ScriptedKml", "ScriptedTools", "scripted_plan"]
 
@@ -224,7 +224,7 @@ class ScriptedKml:
         prompt = ""
         for message in reversed(request.messages):
             if isinstance(message, UserMessage):
-                prompt = "\n".join(b.text for b in message.content if isinstance(b, TextBlock))
+                prompt = asked_text(message.content)  # not the tunnel results put in front
                 break
         return _without_ids(kml.serialize(scripted_plan(self.persona, prompt)))
 
@@ -280,7 +280,7 @@ class ScriptedTools:
         prompt = ""
         for message in reversed(request.messages):
             if isinstance(message, UserMessage):
-                prompt = "\n".join(b.text for b in message.content if isinstance(b, TextBlock))
+                prompt = asked_text(message.content)  # not the tunnel results put in front
                 break
         plan = scripted_plan(self.persona, prompt)
         note = plan.plan or "running the plan's tools"

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from kyronix.errors import KyronixRunError, KyronixUsageError
 from kyronix.server import accounts
 
 if TYPE_CHECKING:
@@ -57,17 +58,16 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_REPLACED = 4000
 
 
-class TunnelFailure(Exception):
+class TunnelFailure(KyronixRunError):
     """A request could not be answered: ``code`` is the error frame's code."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
+        super().__init__(message, details={"code": code})
         self.code = code
-        self.message = message
 
 
-class BadFrame(Exception):
-    pass
+class BadFrame(KyronixUsageError):
+    """A frame that is not what docs/tunnel.md says (answered with a ``bad_frame`` error)."""
 
 
 # --------------------------------------------------------------------------- connections
@@ -126,7 +126,8 @@ class _Pending:
 
 
 ResultsHook = Callable[[str, str | None, dict[str, Any]], Awaitable[None]]
-"""``hook(project_id, session_id, kml_result frame)``: record results (best effort)."""
+"""``hook(project_id, session_id, kml_result frame)``: record the results, before the runtime
+client gets them (keep it short: it is on the round trip)."""
 
 
 class Relay:
@@ -281,14 +282,16 @@ class Relay:
             out["error"] = frame["error"]
         self.results[key] = (time.monotonic(), out)
         self._trim()
-        session_id = None
+        if pending is not None and pending.timer is not None:
+            pending.timer.cancel()
+        if self.on_results is not None:  # recorded first: a runtime that reads the session after
+            try:  # its result came back finds the result in it
+                session_id = pending.session_id if pending is not None else None
+                await self.on_results(peer.project_id, session_id, out)
+            except Exception:
+                log.exception("recording the results of request %s failed", out["executionId"])
         if pending is not None:
-            if pending.timer is not None:
-                pending.timer.cancel()
-            session_id = pending.session_id
             await _deliver(pending.waiters, out)
-        if self.on_results is not None:
-            self._spawn(self.on_results(peer.project_id, session_id, out))
 
     async def progress(self, peer: Peer, frame: dict[str, Any]) -> None:
         pending = self.pending.get((peer.project_id, frame["executionId"]))

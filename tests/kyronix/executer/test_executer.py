@@ -383,8 +383,9 @@ def test_execute_sync_refuses_a_running_loop_and_ws_url_is_explicit(base: Path) 
             ex.execute_sync("<tool name='list_dir'></tool>", base)
 
     asyncio.run(inside())
-    with pytest.raises(NotImplementedError, match="WebSocket"):
-        KyronixExecuter(ws_url="ws://localhost:8080/ws")
+    # ws_url is the tunnel now (test_daemon.py): without a key it says which one it needs.
+    with pytest.raises(ValueError, match="KYRONIX_API_KEY"):
+        KyronixExecuter(ws_url="ws://localhost:8080/ws", receipts=":memory:", api_key="")
     with pytest.raises(ValueError, match="not an existing directory"):
         ex.execute_sync("<tool name='list_dir'></tool>", base / "missing")
 

@@ -41,6 +41,7 @@ class FakeExecuter(threading.Thread):
         self.started_first: list[bool] = []
         self.hold = hold  # don't answer the request with this index (1-based): a run in flight
         self.holding = threading.Event()
+        self.connected = threading.Event()
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -50,6 +51,7 @@ class FakeExecuter(threading.Thread):
                     self.url + "?role=executer", additional_headers=auth(self.key), open_timeout=5
                 ) as ws:
                     assert json.loads(ws.recv(10))["type"] == "ready"
+                    self.connected.set()
                     while not self.stop.is_set():
                         try:
                             frame = json.loads(ws.recv(0.2))
@@ -96,6 +98,7 @@ def test_the_server_runs_each_tool_over_the_tunnel_with_its_start_durable_first(
         ex = FakeExecuter(srv.url.replace("http", "ws") + "/ws", key, home)
         ex.start()
         try:
+            assert ex.connected.wait(60)
             with srv.client(headers=auth(key)) as http:
                 r = http.post("/api/agents/coding", json={"input": TASK, "execute": "tunnel"})
                 assert r.status_code == 200, r.text
@@ -134,9 +137,10 @@ def test_a_server_killed_mid_run_resumes_and_nothing_runs_twice(tmp_path: Path) 
             except httpx2.HTTPError as exc:
                 replies.append(exc)
 
+        assert ex.connected.wait(60)
         t = threading.Thread(target=run)
         t.start()
-        assert ex.holding.wait(60), server.log
+        assert ex.holding.wait(60), (replies, server.log)
         held = ex.requests[-1]
         server.signal(9)
         server.wait()

@@ -9,22 +9,34 @@ the shell supervisor kills them. ``cwd`` is sandboxed like any path, but the com
 do anything the executer's user can: path checks cannot contain a shell. That is why
 ``SAFE_POLICIES`` refuse it; where commands must be contained, run the executer under OS isolation
 (see docs/executer.md, "The threat model").
+
+While the command runs, what it prints is handed, chunk by chunk, to the callable in
+:data:`OUTPUT_SINK` when the executer set one (``execute(on_progress=...)``); it is called from
+the reader thread, for display only, and what it raises is ignored.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 
 from kiso.tools.env import child_env
 from kiso.tools.shell import DEFAULT_OUTPUT_LIMIT, run_command
 from kyronix.executer.tools.base import Call, Param, ToolFailure, ToolOutput, ToolSpec
 
-__all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "TOOLS"]
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "OUTPUT_SINK", "TOOLS"]
 
 DEFAULT_TIMEOUT_S = 120
 MAX_TIMEOUT_S = 3600
+
+OUTPUT_SINK: ContextVar[Callable[[str], None] | None] = ContextVar(
+    "kyronix_terminal_output", default=None
+)
+"""Where the running command's output goes as it is printed (set by the executer around one
+call; the worker thread the handler runs in inherits it with the context)."""
 
 
 def _shell_path(name: str) -> str:
@@ -62,6 +74,7 @@ def terminal(call: Call) -> ToolOutput:
             output_limit=DEFAULT_OUTPUT_LIMIT,
             shell=shell,
             pass_fds=call.inherit_fds,
+            on_output=OUTPUT_SINK.get(),
         )
     except OSError as exc:
         raise ToolFailure(f"could not start the shell in {call.rel(cwd)}: {exc.strerror}") from None
