@@ -6,6 +6,7 @@ and talks to it over a socket. No wall-clock asserts: the tests wait for states,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sqlite3
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-import pytest
 
 from kyronix import kml
 from tests.processes import alive
@@ -151,10 +151,11 @@ def test_sigkill_right_after_the_answer_is_durable_keeps_the_answer_and_its_char
     project, key = bootstrap(home)
     server = ServerProcess(home, {"KISO_FAILPOINT": "run_ended"})
     try:
-        # the server dies before it can answer
-        with server.client(headers=auth(key)) as client, pytest.raises(httpx2.HTTPError):
+        # the server dies the instant the batch is durable: its answer may or may not have
+        # gone out by then (the waiters wake as the failpoint fires), what matters is the log
+        with server.client(headers=auth(key)) as client, contextlib.suppress(httpx2.HTTPError):
             client.post("/api/agents/coding", json={"input": "make it so"})
-        server.wait()
+        assert server.wait() == -9
     finally:
         server.kill()
     with ServerProcess(home) as again:
