@@ -175,32 +175,42 @@ class _Run:
         *,
         must_exist: bool = False,
     ) -> int:
-        from kiso.cli.print_mode import run_headless
+        from kiso.cli.print_mode import fail, run_headless
+        from kiso.runtime.extensions import ExtensionLoadError
 
-        return run_headless(
-            prompt,
-            session_id=session_id,
-            model=self.model,
-            mode=self.mode,
-            output_format=self.output_format,
-            resolve=self.resolve,
-            must_exist=must_exist,
-            options=self.options,
-        )
+        try:
+            return run_headless(
+                prompt,
+                session_id=session_id,
+                model=self.model,
+                mode=self.mode,
+                output_format=self.output_format,
+                resolve=self.resolve,
+                must_exist=must_exist,
+                options=self.options,
+            )
+        except ExtensionLoadError as exc:  # a broken extension: nothing started (exit 2)
+            fail(self.output_format, str(exc))
+            return 2
 
     def interactive(
         self, session_id: str | None, prompt: str | None, *, must_exist: bool = False
     ) -> int:
         from kiso.cli.repl import run_interactive
+        from kiso.runtime.extensions import ExtensionLoadError
 
-        return run_interactive(
-            session_id=session_id,
-            model=self.model,
-            mode=self.mode,
-            prompt=prompt,
-            must_exist=must_exist,
-            options=self.options,
-        )
+        try:
+            return run_interactive(
+                session_id=session_id,
+                model=self.model,
+                mode=self.mode,
+                prompt=prompt,
+                must_exist=must_exist,
+                options=self.options,
+            )
+        except ExtensionLoadError as exc:  # a broken extension: nothing started (exit 2)
+            click.echo(f"kiso: {exc}", err=True)
+            return 2
 
     def fail(self, message: str, *, headless: bool) -> int:
         """Exit 1 with one line (a JSON result too, when print mode was asked for JSON)."""

@@ -60,10 +60,11 @@ def run_headless(
     must_exist: bool = False,
     options: RunOptions | None = None,
 ) -> int:
-    from kiso.cli.setup import open_session, prepare
+    from kiso.cli.setup import close_setup, open_session, prepare
 
     began = time.monotonic()
     out = _Output(output_format)
+    setup = None
     try:
         setup = prepare(model=model, mode=mode, options=options)
         given = PromptInput(prompt) if isinstance(prompt, str) else prompt
@@ -104,6 +105,9 @@ def run_headless(
     except KisoError as exc:
         out.fail(str(exc))
         return 1
+    finally:
+        if setup is not None:
+            close_setup(setup)
     return code
 
 

@@ -314,6 +314,10 @@ COMMANDS = {
     "/clear": "clear the screen",
     "/resume": "pick a session to continue",
     "/compact": "compact the context (not available yet)",
+    "/reload": "load the extensions, skills, MCP servers and config again",
+    "/mcp": "the MCP servers: state, tools, last error",
+    "/skills": "the skills; /<name> [args] runs one",
+    "/tasks": 'the task list (with "tasks": true in the config)',
     "/exit": "quit (ctrl+d on an empty line too)",
 }
 KEYS = "\n".join(

@@ -50,6 +50,8 @@ from kiso.providers.registry import cost, lookup
 from kiso.runtime import Session, stream
 from kiso.runtime.approvals import check_mode
 from kiso.runtime.prompt import estimate_tokens
+from kiso.runtime.skills import find_skill, skill_turn
+from kiso.tools.tasks import TASKS_TOOL, current_tasks, render_tasks
 
 from .panels import (
     NARROWER,
@@ -83,6 +85,7 @@ from .status import Meter, Streamed, meter, money, spend, status_row, working_ro
 from .theme import UNKNOWN, Palette, choose_theme, query_background
 
 if TYPE_CHECKING:
+    from kiso.cli.ask_panel import LateAsker
     from kiso.cli.setup import RunOptions, Setup
 
 __all__ = ["Repl", "Screen", "run_interactive"]
@@ -129,16 +132,19 @@ def run_interactive(
     options: RunOptions | None = None,
 ) -> int:
     """Run the interactive session; the process exit code."""
-    from kiso.cli.setup import open_session, prepare
+    from kiso.cli.ask_panel import LateAsker
+    from kiso.cli.setup import close_setup, open_session, prepare
     from kiso.cli.trust import ask_on_terminal
 
     policy = Policy.detect()
+    asker = LateAsker()  # ask_user puts its questions on the screen, once there is one
     try:
         setup = prepare(
             model=model,
             mode=mode,
             options=options,
             ask_trust=ask_on_terminal,
+            asker=asker,
         )
         session = None
         if must_exist or (session_id is not None and _exists(setup, session_id)):
@@ -150,11 +156,13 @@ def run_interactive(
         print(f"kiso: {exc}", file=sys.stderr)
         return 1
     repl = Repl(setup, session, policy, session_id=session_id, palette=palette)
+    repl.asker = asker
     try:
         return asyncio.run(repl.main(prompt))
     finally:
         if repl.session is not None:
             repl.session.close()
+        close_setup(repl.setup)
 
 
 def _exists(setup: Setup, session_id: str) -> bool:
@@ -193,6 +201,8 @@ class Repl:
         palette: Palette = UNKNOWN,
     ) -> None:
         self.setup = setup
+        self.asker: LateAsker | None = None
+        """Where ask_user's questions go (its screen is set when the session's UI starts)."""
         self.session = session
         """None until the first prompt creates it (an existing session is opened at once)."""
         self.session_id = session.id if session is not None else (session_id or new_id())
@@ -334,6 +344,8 @@ class Repl:
 
     async def main(self, prompt: str | None) -> int:
         self.screen = Tui(self) if self.policy.ansi else Plain(self)
+        if self.asker is not None:
+            self.asker.screen = self.screen
         self.update_meter()
         await self.screen.show(self.banner())
         recent = self.recent()
@@ -530,6 +542,10 @@ class Repl:
             self.tails.pop(ev.call.call_id, None)
             self.last_tool = (ev.call, ev.event)
             await show(record_text(ev.call, ev.event, self.screen.width()))
+            if ev.call.name == TASKS_TOOL and self.session is not None:
+                tasks = current_tasks(self.session.events)
+                if tasks:
+                    await show(render_tasks(tasks))  # the checklist, as it now stands
         elif isinstance(ev, stream.UncertainPending):
             await self.flush_text()
             for u in ev.executions:
@@ -673,8 +689,48 @@ class Repl:
             await show(Text("compaction is not available yet; the context is kept whole"))
         elif name == "/resume":
             await self._resume()
+        elif name == "/reload":
+            await self._reload()
+        elif name == "/mcp":
+            await show(self._mcp())
+        elif name == "/skills":
+            await show(self._skills())
+        elif name == "/tasks":
+            await show(self._tasks())
+        elif (skill := find_skill(self.setup.skills, name[1:])) is not None:
+            self.enqueue(skill_turn(skill, arg))  # an ordinary user turn, recorded as such
         else:
             await show(error_text(f"unknown command {name}; /help lists them"))
+
+    def _mcp(self) -> RenderableType:
+        if self.setup.mcp is None:
+            return Text(
+                "no MCP servers: add them to ~/.kiso/mcp.json (or a trusted project's "
+                ".kiso/mcp.json); docs/mcp.md"
+            )
+        from kiso.mcp import describe_mcp
+
+        return Text("\n".join(describe_mcp(self.setup.mcp)))
+
+    def _skills(self) -> RenderableType:
+        if not self.setup.skills:
+            return Text(
+                "no skills: put <name>/SKILL.md under ~/.kiso/skills (or a trusted project's "
+                ".kiso/skills); docs/skills.md"
+            )
+        rows = [f"/{s.name:<20} {s.description}  ({s.source})" for s in self.setup.skills]
+        return Text("\n".join(["skills (/<name> [args] runs one):", *rows]))
+
+    def _tasks(self) -> RenderableType:
+        tasks = current_tasks(self.session.events) if self.session is not None else []
+        if not tasks:
+            return Text(
+                "no tasks yet"
+                if self.setup.config.tasks
+                else 'tasks are off: "tasks": true in the config'
+            )
+        view: RenderableType = render_tasks(tasks)
+        return view
 
     async def copy_last_answer(self) -> None:
         """ctrl+x, /copy: the last answer onto the clipboard, through the terminal (OSC 52)."""
@@ -822,6 +878,8 @@ class Repl:
             f"rules      {self.setup.agent.rules.path}",
             f"history    {history_path(kiso_home(), self.setup.workspace)}",
         ]
+        rows = self.setup.extensions.status_lines()
+        lines += [f"extension  {row}" for row in rows] or ["extension  none loaded"]
         if m.turn is not None:
             u = m.turn.usage
             lines.append(
@@ -829,6 +887,52 @@ class Repl:
                 f"write {_n(u.cache_write)} · {m.turn.ms} ms"
             )
         return Text("\n".join(lines))
+
+    async def _reload(self) -> None:
+        """``/reload``: build the extensions and the config again and swap them into the live
+        session; refused while a run is going, and a load that fails keeps the old set."""
+        from kiso.cli.setup import prepare
+        from kiso.kernel.replay import SYSTEM_PROMPT_KEY
+        from kiso.runtime.extensions import ExtensionLoadError
+
+        if self.running:
+            await self.screen.show(warning_text("a run is going: /reload when it has ended"))
+            return
+        old = self.setup
+        model, mode = old.flags
+        try:
+            new = prepare(
+                model=model,
+                mode=mode,
+                workspace=old.workspace,
+                options=old.options,
+                asker=self.asker,
+            )
+        except (ExtensionLoadError, KisoError) as exc:
+            await self.screen.show(
+                error_text(f"✗ /reload: nothing changed, the old set is kept: {exc}")
+            )
+            return
+        agent, before = new.agent, old.agent
+        agent.adapter, agent.profile, agent.strip_env = (
+            before.adapter,
+            before.profile,
+            before.strip_env,
+        )  # the model in use stays (a /model switch is the session's own setting)
+        self.setup = dataclasses.replace(new, resolved=old.resolved)
+        if old.mcp is not None:  # the new set's servers are running: stop the old ones
+            await asyncio.to_thread(old.mcp.close)
+        if self.session is not None:
+            s = self.session
+            recorded = s.system_prompt
+            s.agent = agent
+            if recorded == before.system_prompt and agent.system_prompt not in (None, recorded):
+                s.record_setting(SYSTEM_PROMPT_KEY, agent.system_prompt)
+        names = ", ".join(f"{x.name} ({x.layer})" for x in new.extensions.loaded) or "none"
+        await self.screen.show(Text(f"reloaded · extensions: {names}"))
+        for notice in new.notices:
+            await self.screen.show(warning_text(f"⚠ {notice}"))
+        self.screen.refresh()
 
     def last_view(self, *, full: bool) -> RenderableType:
         if self.last_tool is None:

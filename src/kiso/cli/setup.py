@@ -4,23 +4,32 @@ same way.
 
 A project's ``.kiso/`` applies only once trusted (:mod:`kiso.runtime.trust`): the interactive
 session passes ``ask_trust`` (a terminal prompt, before the UI starts); a headless run passes
-none, and an untrusted project refuses it with the files named and ``kiso trust [--revoke]``."""
+none, and an untrusted project refuses it with the files named and ``kiso trust [--revoke]``.
+
+Extensions (:mod:`kiso.runtime.extensions`) are loaded after the gate: built-in, then the user's,
+then the project's from the gate's snapshot (only when it applies). A broken one raises
+:class:`~kiso.runtime.extensions.ExtensionLoadError` and nothing starts (``kiso`` exits 2)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiso.kernel import JsonlSessionStore, SessionNotFoundError, UsageError, kiso_home
+from kiso.mcp import McpManager, load_configs, load_mcp
 from kiso.runtime import Agent, Session
 from kiso.runtime.config import Config, load_config
+from kiso.runtime.extensions import ExtensionSet, load_cascade
 from kiso.runtime.models import ResolvedModel, build_adapter, resolve_model
 from kiso.runtime.prompt import SystemPrompt, build_system_prompt
+from kiso.runtime.skills import Skill, discover_skills, read_skill_tool, skills_prompt
 from kiso.runtime.trust import AskTrust, gate
 from kiso.tools import builtin_tools
+from kiso.tools.ask_user import Asker, interactive_tools
+from kiso.tools.tasks import update_tasks_tool
 
-__all__ = ["RunOptions", "Setup", "open_session", "prepare"]
+__all__ = ["RunOptions", "Setup", "close_setup", "open_session", "prepare"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +56,16 @@ class Setup:
     system_override: str | None = None
     """The prompt the command line asked for (``--append-system-prompt``,
     ``--system-prompt-file``): it replaces what a resumed session recorded."""
+    extensions: ExtensionSet = field(default_factory=ExtensionSet)
+    """The extensions loaded into the agent (its tools, hooks and system prompt)."""
+    mcp: McpManager | None = None
+    """The MCP servers (None when no ``mcp.json`` names any): close it when done."""
+    skills: tuple[Skill, ...] = ()
+    """The skills the system prompt lists (``/<name>`` runs one)."""
+    options: RunOptions | None = None
+    """The command line's run options (``/reload`` builds the setup again with them)."""
+    flags: tuple[str | None, str | None] = (None, None)
+    """The command line's ``--model`` and ``--mode`` (``/reload`` passes them again)."""
 
 
 def prepare(
@@ -56,8 +75,11 @@ def prepare(
     workspace: Path | None = None,
     options: RunOptions | None = None,
     ask_trust: AskTrust | None = None,
+    asker: Asker | None = None,
 ) -> Setup:
-    """The trust gate, config (flags > env > project > user), the model and its key, the agent.
+    """The trust gate, config (flags > env > project > user), the model and its key, the agent:
+    the built-in tools, the MCP servers' tools, the skills, the tasks tool (``"tasks": true``),
+    ``ask_user`` (only with an ``asker``: an interactive session) and the extensions.
 
     ``ask_trust``: asks a person about a project's ``.kiso/`` that was never reviewed or has
     changed since; without it such a project raises
@@ -83,16 +105,42 @@ def prepare(
         )
     resolved = resolve_model(config, home=home)
     system, explicit = _system_prompt(ws, options or RunOptions())
+    tools = builtin_tools()
+    found = discover_skills(home, project_files=trust.project_files, project_root=ws)
+    notices += found.notices
+    if found.skills:
+        tools.append(read_skill_tool(found.skills))
+    if config.tasks:
+        tools.append(update_tasks_tool())
+    if asker is not None:  # nobody can answer in a headless run: not offered at all
+        tools += interactive_tools(asker)
+    mcp = None
+    if load_configs(home, ws, trust.project_files):  # no mcp.json: no thread, no child
+        mcp, mcp_tools, mcp_notices = load_mcp(home, ws, trust.project_files, resolved.strip_env)
+        tools += mcp_tools
+        notices += mcp_notices
+    extensions = load_cascade(
+        home=home,
+        workspace=ws,
+        project_files=trust.project_files,
+        builtin_tools=[t.name for t in tools],
+    )
+    notices += extensions.notices()
+    text = extensions.system_prompt(system.text)
+    index = skills_prompt(found.skills)
+    if index:
+        text = f"{text}\n\n{SKILLS_HEADER}\n{index}" if text else f"{SKILLS_HEADER}\n{index}"
     agent = Agent(
         adapter=build_adapter(resolved),
-        tools=builtin_tools(),
+        tools=[*tools, *extensions.tools()],
         store=JsonlSessionStore(home),
         workspace=ws,
         mode=config.mode,
         floor=config.floor,
         profile=resolved.profile.name if resolved.profile else None,
         strip_env=resolved.strip_env,
-        system_prompt=system.text,
+        system_prompt=text,
+        hooks=extensions.hooks(),
     )
     return Setup(
         agent,
@@ -101,8 +149,25 @@ def prepare(
         ws,
         tuple(notices),
         system_prompt=system,
-        system_override=system.text if explicit else None,
+        system_override=text if explicit else None,
+        extensions=extensions,
+        mcp=mcp,
+        skills=tuple(found.skills),
+        options=options,
+        flags=(model, mode),
     )
+
+
+SKILLS_HEADER = (
+    "Skills (read one with read_skill(name) when it fits the task; its other files with "
+    "read_skill(name, file)):"
+)
+
+
+def close_setup(setup: Setup) -> None:
+    """Stop what the setup started (the MCP servers' children)."""
+    if setup.mcp is not None:
+        setup.mcp.close()
 
 
 def _system_prompt(ws: Path, options: RunOptions) -> tuple[SystemPrompt, bool]:

@@ -5,7 +5,11 @@ the session's mode (:class:`ModeHook`), the "don't ask again" rules (:class:`Rul
 the agent's own hooks and policies (:mod:`kiso.runtime.hooks`): built-ins plug in exactly as
 extensions do. Every hook sees every call; the composition takes the first deny, else the first
 allow, else the first ask (its hook is the "speaker" of the question). A hook that raises counts
-as an ask. If every hook abstains, a human is asked. In ``dontAsk`` mode an ask becomes a deny,
+as an ask. If every hook abstains, a human is asked. A ``constrain_only`` hook (every extension's
+hooks, :mod:`kiso.runtime.extensions`) composes the same way among its kind, but its verdict
+replaces the built-in chain's only where it is stricter (deny > ask > allow): an extension can
+ask about or deny a call the mode allows, never allow one the floor, the mode or a rule would
+deny or ask about. In ``dontAsk`` mode an ask becomes a deny,
 and in a headless run (nobody to ask) it becomes a deny by ``headless`` naming the modes that
 would allow the call (:func:`allowing_modes`).
 
@@ -138,6 +142,7 @@ def compose(
     ``unattended`` (``dontAsk``): an ask becomes a deny, because nobody is there to answer.
     """
     verdicts: list[Verdict] = []
+    constrained: list[Verdict] = []  # from constrain_only hooks: they may only tighten
     settled = False  # an earlier hook allowed or denied: an allow-only hook can change nothing
     for hook in hooks:
         if settled and getattr(hook, "allow_only", False):
@@ -147,9 +152,14 @@ def compose(
         except Exception as exc:  # a broken policy must not decide silently
             verdict = Verdict("ask", hook.name, f"the policy {hook.name} failed: {exc}")
         if verdict is not None:
-            verdicts.append(verdict)
-            settled = settled or verdict.decision != "ask"
+            tighten_only = getattr(hook, "constrain_only", False)
+            (constrained if tighten_only else verdicts).append(verdict)
+            settled = settled or (verdict.decision != "ask" and not tighten_only)
     chosen = _strongest(verdicts)
+    if constrained:
+        theirs = _strongest(constrained)
+        if _STRICTNESS[theirs.decision] > _STRICTNESS[chosen.decision]:
+            chosen = theirs
     if chosen.decision == "ask" and unattended:
         return Verdict(
             "deny",
@@ -157,6 +167,9 @@ def compose(
             "dontAsk mode denies what would need a human's approval",
         )
     return chosen
+
+
+_STRICTNESS = {"allow": 0, "ask": 1, "deny": 2}
 
 
 def _strongest(verdicts: Sequence[Verdict]) -> Verdict:

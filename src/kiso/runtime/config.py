@@ -50,7 +50,7 @@ _PROFILE_KEYS = {
     "contextWindow": "a positive integer (tokens)",
     "effort": "an effort level the model accepts",
 }
-_TOP_KEYS = {"model", "models", "mode", "floor", "theme"}
+_TOP_KEYS = {"model", "models", "mode", "floor", "theme", "tasks"}
 _USER_ONLY = {"floor": "the catastrophe floor", "theme": "the terminal theme"}
 
 
@@ -97,6 +97,8 @@ class Config:
     """The mode from ``--mode`` or ``KISO_MODE``: it outranks what a session's log recorded."""
     floor: bool = True
     theme: str | None = None
+    tasks: bool = False
+    """Whether the ``update_tasks`` tool is loaded (``"tasks": true``; opt-in)."""
     files: tuple[str, ...] = ()
     """The config files that were read, lowest precedence first."""
     mode_source: str = "default"
@@ -210,6 +212,10 @@ def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, 
         if data["theme"] not in ("dark", "light"):
             raise ConfigError(f'{path}: theme: must be "dark" or "light"')
         out["theme"] = data["theme"]
+    if "tasks" in data:
+        if not isinstance(data["tasks"], bool):
+            raise ConfigError(f"{path}: tasks: must be true or false")
+        out["tasks"] = data["tasks"]
     return out
 
 
@@ -272,6 +278,7 @@ def load_config(
         mode_override=override,
         floor=merged.get("floor", True),
         theme=merged.get("theme"),
+        tasks=merged.get("tasks", False),
         files=tuple(files),
         mode_source=mode_source,
     )

@@ -1,6 +1,6 @@
 """The runtime's hook points: where policies, observers and extensions plug into a run.
 
-A :class:`Hook` overrides any of six methods; the defaults do nothing, and the runtime only calls
+A :class:`Hook` overrides any of eight methods; the defaults do nothing, and the runtime only calls
 the ones a hook overrides. Built-ins are hooks like any other: the catastrophe floor, the approval
 modes and the "don't ask again" rules are the first three ``before_tool`` hooks of every agent
 (:mod:`kiso.runtime.approvals`), and an extension registers its hooks exactly the same way::
@@ -18,6 +18,11 @@ modes and the "don't ask again" rules are the first three ``before_tool`` hooks 
 ==================  ======================================  ===================================
 point               when                                    may
 ==================  ======================================  ===================================
+``on_user_message`` a run starts with a person's prompt     return a rewrite (what the ``user``
+                                                            record holds) or a :class:`Veto`
+                                                            (the run ends ``error``/``vetoed``)
+``on_event``        an event of the log is durable          observe (called at step boundaries,
+                                                            in log order, once per event)
 ``before_model``    a model request is about to be sent     return a replacement request
 ``after_turn``      a model turn was committed to the log   observe
 ``before_tool``     a call has no verdict on disk yet       allow, deny (with a reason), ask,
@@ -41,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from kiso.kernel import Assistant, Compacted, Outcome, RunError, ToolCall, UsageError
+from kiso.kernel import Assistant, Compacted, Event, Outcome, RunError, ToolCall, UsageError
 
 if TYPE_CHECKING:
     from kiso.providers.base import ModelRequest
@@ -57,9 +62,12 @@ __all__ = [
     "PolicyHook",
     "RunInfo",
     "Verdict",
+    "Veto",
 ]
 
 HOOK_POINTS = (
+    "on_user_message",
+    "on_event",
     "before_model",
     "after_turn",
     "before_tool",
@@ -80,6 +88,16 @@ class Verdict:
     """For a deny: what the model is told. For an ask: shown to the person asked."""
     rule: str | None = None
     """The "don't ask again" rule that allowed the call, if one did."""
+
+
+@dataclass(frozen=True, slots=True)
+class Veto:
+    """What an ``on_user_message`` hook returns to refuse a prompt: the run ends before any model
+    request, with an ``error`` outcome (code ``vetoed``) carrying the reason."""
+
+    reason: str
+    by: str = ""
+    """Filled in with the hook's name when the chain records it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +132,17 @@ class Hook:
     allow_only: bool = False
     """Its ``before_tool`` can only allow or abstain (the "don't ask again" rules): it is not
     consulted once an earlier hook has allowed or denied, since it could change nothing."""
+    constrain_only: bool = False
+    """Its ``before_tool`` can only make a call stricter (an extension's hooks): its verdict wins
+    only where it is stricter (deny > ask > allow) than what the built-in chain decided, so it
+    never turns the floor's, a mode's or a rule's ask or deny into an allow."""
+
+    def on_user_message(self, text: str, run: RunInfo) -> str | Veto | None:
+        """Return a rewrite of a person's prompt, a :class:`Veto`, or None to leave it."""
+        return None
+
+    def on_event(self, event: Event, run: RunInfo) -> None:
+        """An event of the log is durable (observe only)."""
 
     def before_model(self, request: ModelRequest, run: RunInfo) -> ModelRequest | None:
         """Return a replacement for the request about to be sent, or None to leave it."""
@@ -175,6 +204,28 @@ class HookChain:
         }
         self.tool_hooks = self.by_point["before_tool"]
         """The approval chain, in order."""
+
+    def on_user_message(self, text: str, run: RunInfo) -> str | Veto:
+        """The prompt piped through every hook; the first veto stops the chain."""
+        for hook in self.by_point["on_user_message"]:
+            try:
+                said = hook.on_user_message(text, run)
+                if said is not None and not isinstance(said, str | Veto):
+                    raise UsageError(f"it returned {type(said).__name__}; return str, Veto or None")
+            except Exception as exc:
+                raise HookFailed(hook, "on_user_message", exc) from exc
+            if isinstance(said, Veto):
+                return Veto(said.reason, said.by or hook.name)
+            if said is not None:
+                text = said
+        return text
+
+    def on_event(self, event: Event, run: RunInfo) -> None:
+        for hook in self.by_point["on_event"]:
+            try:
+                hook.on_event(event, run)
+            except Exception as exc:
+                raise HookFailed(hook, "on_event", exc) from exc
 
     def before_model(self, request: ModelRequest, run: RunInfo) -> ModelRequest:
         for hook in self.by_point["before_model"]:
@@ -238,4 +289,7 @@ def _tool_result() -> type:
 
 
 def _overrides(hook: Hook, point: str) -> bool:
+    wrapped = getattr(hook, "wrapped", None)  # a hook that delegates (an extension's)
+    if isinstance(wrapped, Hook):
+        return _overrides(wrapped, point)
     return getattr(type(hook), point, None) is not getattr(Hook, point)

@@ -102,18 +102,19 @@ class Run:
 
 
 async def drive(
-    session: Session, start: Callable[[], None] | None = None
+    session: Session, start: Callable[[], Outcome | None] | None = None
 ) -> AsyncIterator[ev.RunEvent]:
     """Carry the session's open run forward until it ends or needs a human (``start``, when
-    given, first opens a new run)."""
+    given, first opens a new run; the outcome it returns ends that run at once: a veto)."""
     if session._run is not None:
         raise UsageError(f"session {session.id} is already running; one run at a time")
-    if start is not None:
-        start()
+    vetoed = start() if start is not None else None
     run = Run(session)
     session._run = run
     agent = run.agent
     try:
+        if vetoed is not None and (opened := session.fold.open_run) is not None:
+            yield await _end(run, opened, vetoed)
         while True:
             state = session.fold
             run_id = state.open_run
@@ -126,6 +127,7 @@ async def drive(
             if isinstance(action, Idle):
                 break
             try:
+                _observe(run)
                 if isinstance(action, CallModel):
                     if state.run_turns >= agent.max_turns:
                         yield await _end(run, run_id, Outcome("max_turns"))
@@ -173,7 +175,23 @@ async def drive(
             session.writer.flush()  # what is staged (read-only receipts) goes to disk soon
     if run.ended is not None:  # after the terminal event: the outcome on disk cannot change
         ended_run, ended = run.ended
+        _observe(run, ended_run)
         agent.hooks.on_run_end(ended, run.info(ended_run))
+
+
+def _observe(run: Run, run_id: str | None = None) -> None:
+    """Show the ``on_event`` hooks every event made durable since they last looked."""
+    session = run.session
+    hooks = run.agent.hooks
+    if not hooks.by_point["on_event"]:
+        return
+    events = session.events
+    durable = session.writer.durable_seq
+    current = run_id or session.fold.open_run or ""
+    while session.observed < len(events) and events[session.observed].seq <= durable:
+        event = events[session.observed]
+        session.observed += 1
+        hooks.on_event(event, run.info(getattr(event, "run", None) or current))
 
 
 async def _ask(run: Run, run_id: str, action: AwaitApproval) -> AsyncIterator[ev.RunEvent]:

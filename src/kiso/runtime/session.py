@@ -26,6 +26,7 @@ from kiso.kernel import (
     ExecutionResolved,
     Message,
     ModelRef,
+    Outcome,
     RefusedError,
     ResolveUncertain,
     Ruling,
@@ -45,8 +46,10 @@ from kiso.kernel import (
 from kiso.kernel.events import Source, UserBlock
 from kiso.kernel.recovery import plan_replay
 from kiso.kernel.replay import SYSTEM_PROMPT_KEY, CallState, CallStatus, Replay
+from kiso.kernel.values import TextBlock
 from kiso.runtime.approvals import check_mode
 from kiso.runtime.failpoint import Failpoint
+from kiso.runtime.hooks import RunInfo, Veto
 from kiso.runtime.loop import Run, drive
 from kiso.runtime.stream import RunEvent
 
@@ -79,6 +82,8 @@ class Session:
         self.headless = headless
         """Nobody can answer a question: an ask is denied (``decided_by: "headless"``)."""
         self._run: Run | None = None
+        self.observed = len(writer.events)
+        """Events before this index were there at open or were shown to ``on_event`` hooks."""
         self.live_dir = Path(writer.path).with_suffix(".live") if writer.path else None
         """Where the liveness guards of running executions are kept (none for memory stores)."""
         if mode is not None:
@@ -190,7 +195,10 @@ class Session:
         content = prompt if isinstance(prompt, str) else tuple(prompt)
         return drive(self, lambda: self._start(content, source))
 
-    def _start(self, content: str | tuple[UserBlock, ...], source: Source) -> None:
+    def _start(self, content: str | tuple[UserBlock, ...], source: Source) -> Outcome | None:
+        """Open a run. The ``on_user_message`` hooks see a person's prompt first: the ``user``
+        record holds their rewrite; a veto records the run with no ``user`` input and returns
+        the outcome it ends with."""
         if self._fold.open_run is not None:
             raise UsageError(
                 f"session {self.id} has a run that did not end ({self.state.value}); "
@@ -198,15 +206,40 @@ class Session:
             )
         run = new_id()
         adapter = self.agent.adapter
-        self.stage(
-            RunStarted(
-                run=run,
-                trigger=self.agent.trigger,
-                model=ModelRef(adapter.provider, adapter.model, self.agent.profile),
-                mode=self.mode,
-            ),
-            User(run=run, content=content, source=source),
+        said = self._user_message(run, content) if source == "user" else content
+        started = RunStarted(
+            run=run,
+            trigger=self.agent.trigger,
+            model=ModelRef(adapter.provider, adapter.model, self.agent.profile),
+            mode=self.mode,
         )
+        if isinstance(said, Veto):
+            self.stage(started)
+            return Outcome.error(
+                "vetoed", f"the {said.by} hook vetoed the prompt: {said.reason}", retryable=False
+            )
+        self.stage(started, User(run=run, content=said, source=source))
+        return None
+
+    def _user_message(
+        self, run: str, content: str | tuple[UserBlock, ...]
+    ) -> str | tuple[UserBlock, ...] | Veto:
+        hooks = self.agent.hooks
+        if not hooks.by_point["on_user_message"]:
+            return content
+        info = RunInfo(self.id, run, self.agent.workspace, self.mode)
+        if isinstance(content, str):
+            return hooks.on_user_message(content, info)
+        blocks: list[UserBlock] = []
+        for block in content:  # each text block of a prompt with attachments
+            if isinstance(block, TextBlock):
+                said = hooks.on_user_message(block.text, info)
+                if isinstance(said, Veto):
+                    return said
+                blocks.append(TextBlock(said))
+            else:
+                blocks.append(block)
+        return tuple(blocks)
 
     def resume(self) -> AsyncIterator[RunEvent]:
         """Carry the open run forward from its durable prefix (nothing happens if none is open).
