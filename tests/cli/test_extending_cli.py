@@ -169,6 +169,10 @@ def test_ask_user_asks_in_the_interactive_panel_and_skills_run_as_commands(
         term.wait_for("noted", timeout=15)
         term.send("/release v2\r")  # a skill is a command: an ordinary user turn
         term.wait_for("releasing", timeout=15)
+        term.send("/status\r")  # the skills' prompt rent is shown
+        term.wait_for("skills     1 · rent")
+        term.send("/exit\r")  # a clean exit: what was staged is durable
+        assert term.exit_status(15) == 0
     finally:
         term.close()
     events = JsonlSessionStore(home).load("a1").events
@@ -178,3 +182,25 @@ def test_ask_user_asks_in_the_interactive_panel_and_skills_run_as_commands(
     assert answered.ok and not answered.is_error
     inputs = [e.text for e in events if e.type == "user"]  # type: ignore[attr-defined]
     assert inputs[0] == "pick one" and "release" in inputs[1] and "v2" in inputs[1]
+
+
+def test_the_header_names_the_skills_and_mcp_servers_that_loaded(
+    tmp_path: Path, ws: Path, home: Path
+) -> None:
+    skill = home / "skills" / "release"
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text("---\nname: release\ndescription: cut a release\n---\nbody\n")
+    (home / "mcp.json").write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "time": {"command": sys.executable, "args": ["-m", "mcp_server_time"]},
+                    "gone": {"command": str(tmp_path / "no-such-server")},
+                }
+            }
+        )
+    )
+    got = kiso(ws, home, "-p", "hi", KISO_FAUX_SCRIPT=faux(tmp_path, {"text": "hi"}))
+    assert got.returncode == 0, got.stderr
+    assert "skills: release (user)" in got.stderr
+    assert "mcp: " in got.stderr and "time (ready)" in got.stderr and "gone (failed)" in got.stderr

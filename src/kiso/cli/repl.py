@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -50,7 +51,7 @@ from kiso.providers.registry import cost, lookup
 from kiso.runtime import Session, stream
 from kiso.runtime.approvals import check_mode
 from kiso.runtime.prompt import estimate_tokens
-from kiso.runtime.skills import find_skill, skill_turn
+from kiso.runtime.skills import find_skill, skill_turn, skills_prompt
 from kiso.tools.tasks import TASKS_TOOL, current_tasks, render_tasks
 
 from .panels import (
@@ -702,6 +703,24 @@ class Repl:
         else:
             await show(error_text(f"unknown command {name}; /help lists them"))
 
+    def _rent_lines(self) -> list[str]:
+        """What the skills' index and the MCP tools' schemas cost every request."""
+        out = []
+        if self.setup.skills:
+            index = skills_prompt(self.setup.skills)
+            out.append(
+                f"skills     {len(self.setup.skills)} · rent {len(index):,} chars "
+                f"~{estimate_tokens(index):,} tokens (the index in the system prompt)"
+            )
+        mcp = [t for t in self.setup.agent.tools.values() if t.name.startswith("mcp__")]
+        if mcp:
+            schemas = sum(len(json.dumps(t.parameters)) + len(t.description) for t in mcp)
+            out.append(
+                f"mcp        {len(mcp)} tools · rent {schemas:,} chars ~{schemas // 4:,} tokens "
+                f"(their schemas)"
+            )
+        return out
+
     def _mcp(self) -> RenderableType:
         if self.setup.mcp is None:
             return Text(
@@ -880,6 +899,7 @@ class Repl:
         ]
         rows = self.setup.extensions.status_lines()
         lines += [f"extension  {row}" for row in rows] or ["extension  none loaded"]
+        lines += self._rent_lines()
         if m.turn is not None:
             u = m.turn.usage
             lines.append(

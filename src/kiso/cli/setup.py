@@ -110,6 +110,7 @@ def prepare(
     notices += found.notices
     if found.skills:
         tools.append(read_skill_tool(found.skills))
+        notices.append("skills: " + ", ".join(f"{k.name} ({k.source})" for k in found.skills))
     if config.tasks:
         tools.append(update_tasks_tool())
     if asker is not None:  # nobody can answer in a headless run: not offered at all
@@ -118,7 +119,8 @@ def prepare(
     if load_configs(home, ws, trust.project_files):  # no mcp.json: no thread, no child
         mcp, mcp_tools, mcp_notices = load_mcp(home, ws, trust.project_files, resolved.strip_env)
         tools += mcp_tools
-        notices += mcp_notices
+        servers = ", ".join(f"{x.name} ({x.state.value})" for x in mcp.status())
+        notices += [f"mcp: {servers} · {len(mcp_tools)} tools", *mcp_notices]
     extensions = load_cascade(
         home=home,
         workspace=ws,
