@@ -21,7 +21,8 @@ def test_a_question_is_its_options_as_rows_with_a_typed_answer() -> None:
     assert [o.label for o in panel.options] == ["SQLite", "PostgreSQL", "none"]
     assert panel.options[0].detail == "one file"
     assert panel.typed == "pick" and "esc declines" in panel.hint
-    assert "several" in question_panel(MULTI).hint and "several" not in panel.hint
+    assert "check rows" in question_panel(MULTI).hint and "check rows" not in panel.hint
+    assert question_panel(MULTI).multi and not panel.multi
 
 
 def test_a_picked_row_answers_its_label() -> None:
@@ -40,3 +41,14 @@ def test_a_typed_line_is_a_free_answer_and_numbers_pick_several_in_multi_select(
     assert answer_of(Q, single.typed_answer()) == Answer(text="DuckDB, embedded")  # type: ignore[arg-type]
     single.reason = "2"  # not multi-select: a number typed is just text
     assert answer_of(Q, single.typed_answer()) == Answer(text="2")  # type: ignore[arg-type]
+
+
+def test_a_multi_select_panel_checks_rows_and_confirms_the_set() -> None:
+    panel = question_panel(MULTI)
+    assert answer_of(MULTI, panel.confirm()) == Answer(selected=("lint",))  # type: ignore[arg-type]
+    panel.toggle(2)
+    panel.toggle(0)
+    panel.toggle(1)
+    panel.toggle(1)  # unchecked again
+    assert "[x] lint" in "".join(t for _, t in panel.fragments(80))
+    assert answer_of(MULTI, panel.confirm()) == Answer(selected=("lint", "tests"))  # type: ignore[arg-type]

@@ -145,12 +145,21 @@ def test_ask_user_asks_in_the_interactive_panel_and_skills_run_as_commands(
             {"label": "PostgreSQL", "description": "a server"},
         ],
     }
+    checks = {
+        "question": "Which checks?",
+        "options": [{"label": "lint"}, {"label": "types"}, {"label": "tests"}],
+        "multiSelect": True,
+    }
     script = tmp_path / "script.json"
     script.write_text(
         json.dumps(
             {
                 "turns": [
-                    {"tool_calls": [{"name": "ask_user", "input": {"questions": [question]}}]},
+                    {
+                        "tool_calls": [
+                            {"name": "ask_user", "input": {"questions": [question, checks]}}
+                        ]
+                    },
                     {"text": "noted"},
                     {"text": "releasing"},
                 ]
@@ -166,6 +175,11 @@ def test_ask_user_asks_in_the_interactive_panel_and_skills_run_as_commands(
         term.wait_for("Which database?")
         term.wait_for("PostgreSQL")
         term.send("2")  # the second row
+        term.wait_for("Which checks?")
+        term.send("3")  # checks "tests"
+        term.send(" ")  # space checks the highlighted row too ("tests" again: unchecked)
+        term.send("1")  # checks "lint"
+        term.send("\r")  # confirms the set
         term.wait_for("noted", timeout=15)
         term.send("/release v2\r")  # a skill is a command: an ordinary user turn
         term.wait_for("releasing", timeout=15)
@@ -180,6 +194,8 @@ def test_ask_user_asks_in_the_interactive_panel_and_skills_run_as_commands(
         e for e in events if isinstance(e, ExecutionFinished) and "PostgreSQL" in e.content
     )
     assert answered.ok and not answered.is_error
+    assert "1. Which database?\n   -> PostgreSQL" in answered.content
+    assert "2. Which checks?\n   -> lint\n" in answered.content + "\n"  # tests unchecked again
     inputs = [e.text for e in events if e.type == "user"]  # type: ignore[attr-defined]
     assert inputs[0] == "pick one" and "release" in inputs[1] and "v2" in inputs[1]
 

@@ -1,7 +1,8 @@
 """The interactive session's answer to ``ask_user``: each question in the panel, one at a time.
 
-A question's options are rows (digits pick, arrows and enter too); ``t`` types a free answer (for a
-multi-select question, several row numbers such as ``1,3`` pick several); esc declines, and the
+A question's options are rows (digits pick, arrows and enter too; in a multi-select question digits
+and space check rows and enter confirms them; typed row numbers such as ``1,3`` work too); ``t``
+types a free answer; esc declines, and the
 model is told the person declined. Nothing here is recorded: the answers are the tool's result, so
 they are in the log with its receipt (:mod:`kiso.tools.ask_user`).
 """
@@ -61,7 +62,6 @@ def question_panel(question: Question, index: int = 1, total: int = 1) -> Panel:
     """The panel of one question: its options as rows, a free answer on ``t``."""
     count = f"({index}/{total}) " if total > 1 else ""
     head = f"[{question.header}] " if question.header else ""
-    several = " (or several row numbers: 1,3)" if question.multi_select else ""
     return Panel(
         question=f"{count}{head}{question.question}",
         options=[
@@ -70,7 +70,13 @@ def question_panel(question: Question, index: int = 1, total: int = 1) -> Panel:
         ],
         typed="pick",
         ask="your answer: ",
-        hint=f"↑↓ move · ⏎ or a digit picks · t types your own answer{several} · esc declines",
+        hint=(
+            "↑↓ move · digits or space check rows · ⏎ confirms · t types your own answer · "
+            "esc declines"
+            if question.multi_select
+            else "↑↓ move · ⏎ or a digit picks · t types your own answer · esc declines"
+        ),
+        multi=question.multi_select,
     )
 
 
@@ -78,6 +84,9 @@ def answer_of(question: Question, chosen: Option) -> Answer:
     """The answer a chosen row (or a typed line) gives ``question``."""
     if chosen.label != "typed" and chosen.value.startswith("option:"):
         return Answer(selected=(question.options[int(chosen.value[7:])].label,))
+    if chosen.label == "checked" and chosen.value.startswith("options:"):
+        rows = [int(n) for n in chosen.value[8:].split(",")]
+        return Answer(selected=tuple(question.options[n].label for n in rows))
     text = chosen.value.strip()
     if question.multi_select and _NUMBERS.fullmatch(text):
         rows = [int(n) for n in text.split(",")]

@@ -118,6 +118,22 @@ class Panel:
     """The prompt of the line a free answer is typed on."""
     hint: str = "↑↓ move · ⏎ confirms · digits act on their row · t types · esc stops the run"
     extra: list[str] = field(default_factory=list)
+    multi: bool = False
+    """Several rows may be chosen: digits and space toggle them, enter confirms the set."""
+    checked: set[int] = field(default_factory=set)
+
+    def toggle(self, index: int) -> None:
+        """A multi-choice panel: check or uncheck the row (one that cannot be chosen says why)."""
+        if self.pick(index) is not None:
+            self.checked ^= {index}
+
+    def confirm(self) -> Option | None:
+        """Enter: the highlighted row, or for a multi-choice panel the rows checked (the
+        highlighted one when none is)."""
+        if not self.multi or not self.checked:
+            return self.pick(self.selected)
+        rows = ",".join(str(i) for i in sorted(self.checked))
+        return Option("checked", self.options[min(self.checked)].action, value=f"options:{rows}")
 
     def move(self, delta: int) -> None:
         """Move the highlight, over the options that cannot be chosen."""
@@ -151,7 +167,8 @@ class Panel:
         out.append(("", "\n"))
         for i, option in enumerate(self.options):
             chosen = i == self.selected
-            marker = f"{CURSOR if chosen else '  '}{i + 1}. "
+            box = ("[x] " if i in self.checked else "[ ] ") if self.multi else ""
+            marker = f"{CURSOR if chosen else '  '}{i + 1}. {box}"
             style = "class:selected" if chosen else ""
             if not option.enabled:
                 style += " class:disabled"
@@ -584,11 +601,10 @@ class Tui:
         for key, delta in (("up", -1), ("down", 1), ("c-p", -1), ("c-n", 1), ("k", -1), ("j", 1)):
             kb.add(key, filter=in_panel)(lambda e, d=delta: self._move(d))
         for digit in "123456789":
-            kb.add(digit, filter=in_panel)(
-                lambda e: self._choose(self.panel.pick(int(e.data) - 1) if self.panel else None)
-            )
+            kb.add(digit, filter=in_panel)(lambda e: self._digit(int(e.data) - 1))
+        kb.add("space", filter=in_panel)(lambda e: self._toggle(None))
         kb.add("enter", filter=in_panel)(
-            lambda e: self._choose(self.panel.pick(self.panel.selected) if self.panel else None)
+            lambda e: self._choose(self.panel.confirm() if self.panel else None)
         )
         kb.add("t", filter=in_panel)(lambda e: self._type())
 
@@ -605,6 +621,19 @@ class Tui:
     def _move(self, delta: int) -> None:
         if self.panel is not None:
             self.panel.move(delta)
+            self.refresh()
+
+    def _digit(self, index: int) -> None:
+        """A digit picks its row, or in a multi-choice panel checks or unchecks it."""
+        if self.panel is not None and self.panel.multi:
+            self._toggle(index)
+        else:
+            self._choose(self.panel.pick(index) if self.panel else None)
+
+    def _toggle(self, index: int | None) -> None:
+        panel = self.panel
+        if panel is not None and panel.multi:
+            panel.toggle(panel.selected if index is None else index)
             self.refresh()
 
 
