@@ -139,6 +139,7 @@ def run_interactive(
 
     policy = Policy.detect()
     asker = LateAsker()  # ask_user puts its questions on the screen, once there is one
+    setup: Setup | None = None
     try:
         setup = prepare(
             model=model,
@@ -154,6 +155,8 @@ def run_interactive(
             configured=setup.config.theme, environ=os.environ, ask=_terminal_asker(policy)
         )
     except KisoError as exc:
+        if setup is not None:
+            close_setup(setup)
         print(f"kiso: {exc}", file=sys.stderr)
         return 1
     repl = Repl(setup, session, policy, session_id=session_id, palette=palette)

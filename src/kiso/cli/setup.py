@@ -121,29 +121,34 @@ def prepare(
         tools += mcp_tools
         servers = ", ".join(f"{x.name} ({x.state.value})" for x in mcp.status())
         notices += [f"mcp: {servers} · {len(mcp_tools)} tools", *mcp_notices]
-    extensions = load_cascade(
-        home=home,
-        workspace=ws,
-        project_files=trust.project_files,
-        builtin_tools=[t.name for t in tools],
-    )
-    notices += extensions.notices()
-    text = extensions.system_prompt(system.text)
-    index = skills_prompt(found.skills)
-    if index:
-        text = f"{text}\n\n{SKILLS_HEADER}\n{index}" if text else f"{SKILLS_HEADER}\n{index}"
-    agent = Agent(
-        adapter=build_adapter(resolved),
-        tools=[*tools, *extensions.tools()],
-        store=JsonlSessionStore(home),
-        workspace=ws,
-        mode=config.mode,
-        floor=config.floor,
-        profile=resolved.profile.name if resolved.profile else None,
-        strip_env=resolved.strip_env,
-        system_prompt=text,
-        hooks=extensions.hooks(),
-    )
+    try:  # a failure from here on must not leave MCP children behind
+        extensions = load_cascade(
+            home=home,
+            workspace=ws,
+            project_files=trust.project_files,
+            builtin_tools=[t.name for t in tools],
+        )
+        notices += extensions.notices()
+        text = extensions.system_prompt(system.text)
+        index = skills_prompt(found.skills)
+        if index:
+            text = f"{text}\n\n{SKILLS_HEADER}\n{index}" if text else f"{SKILLS_HEADER}\n{index}"
+        agent = Agent(
+            adapter=build_adapter(resolved),
+            tools=[*tools, *extensions.tools()],
+            store=JsonlSessionStore(home),
+            workspace=ws,
+            mode=config.mode,
+            floor=config.floor,
+            profile=resolved.profile.name if resolved.profile else None,
+            strip_env=resolved.strip_env,
+            system_prompt=text,
+            hooks=extensions.hooks(),
+        )
+    except BaseException:
+        if mcp is not None:
+            mcp.close()
+        raise
     return Setup(
         agent,
         config,
