@@ -42,6 +42,8 @@ KEYS: dict[str, set[str]] = {
     "ruling": {"type", "v", "event"},
     "paused": {"type", "v", "reason"},
     "terminal": {"type", "v", "outcome"},
+    "compaction": {"type", "v", "event", "covered", "estimated"},
+    "compaction_failed": {"type", "v", "reason", "failures", "disabled"},
 }
 UNCERTAIN_KEYS = {
     "execution_id",
@@ -119,11 +121,27 @@ def test_every_run_event_has_its_pinned_json_form(tmp_path: Path) -> None:
     with agent(tmp_path, [{"text": "(turn 1 is on disk)"}, {"text": "ok"}]).session("u") as session:
         seen += collect(session, session.resume_sync())
 
+    # Context relief: a rejected summary (compaction_failed), then a good one (compaction).
+    long = "x" * 2000
+    relief = Agent(
+        adapter=FauxAdapter(
+            [{"text": long}, {"text": long}, {"text": "done"}],
+            summaries=[{"text": ""}, {"text": "## Goal\nsay things\n## Next steps\nmore"}],
+        ),
+        store=JsonlSessionStore(tmp_path / "home"),
+        workspace=tmp_path,
+        window=1000,
+    )
+    with relief.session("c") as session:
+        seen += collect(session, session.run_sync("talk"))
+        seen += collect(session, session.run_sync("more"))
+        seen += collect(session, session.run_sync("again"))
+
     union = {cls.type for cls in get_args(RunEvent)}
     assert {ev.type for ev in seen} == union == set(KEYS)
     records = {
         json.dumps(e.to_json(), sort_keys=True)
-        for sid in ("j", "u")
+        for sid in ("j", "u", "c")
         for e in JsonlSessionStore(tmp_path / "home").load(sid).events
     }
     for ev in seen:
@@ -145,3 +163,11 @@ def test_every_run_event_has_its_pinned_json_form(tmp_path: Path) -> None:
     assert by_type["retry"]["attempt"] == 1 and by_type["retry"]["error"] == "slow down"
     assert by_type["paused"]["reason"] == "awaiting_approval"
     assert by_type["terminal"]["outcome"] == {"kind": "completed"}
+    assert by_type["compaction_failed"] == {
+        "type": "compaction_failed",
+        "v": 1,
+        "reason": "the summary was empty",
+        "failures": 1,
+        "disabled": False,
+    }
+    assert by_type["compaction"]["event"]["trigger"] == "auto"

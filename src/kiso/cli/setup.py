@@ -24,6 +24,8 @@ from kiso.runtime.extensions import ExtensionSet, load_cascade
 from kiso.runtime.models import ResolvedModel, build_adapter, resolve_model
 from kiso.runtime.prompt import SystemPrompt, build_system_prompt
 from kiso.runtime.skills import Skill, discover_skills, read_skill_tool, skills_prompt
+from kiso.runtime.subagent_role import ChildRole, child_role
+from kiso.runtime.subagents import delegate_tool
 from kiso.runtime.trust import AskTrust, gate
 from kiso.tools import builtin_tools
 from kiso.tools.ask_user import Asker, interactive_tools
@@ -66,6 +68,8 @@ class Setup:
     """The command line's run options (``/reload`` builds the setup again with them)."""
     flags: tuple[str | None, str | None] = (None, None)
     """The command line's ``--model`` and ``--mode`` (``/reload`` passes them again)."""
+    subagent: ChildRole | None = None
+    """What this process is when a parent's ``delegate`` started it (docs/subagents.md)."""
 
 
 def prepare(
@@ -87,6 +91,7 @@ def prepare(
     """
     ws = Path(os.path.realpath(workspace or os.getcwd()))
     home = kiso_home()
+    role = child_role()  # a subagent (KISO_SUBAGENT_*): its role's tools, no delegate
     trust = gate(ws, home, ask_trust)
     config = load_config(
         home,
@@ -113,6 +118,8 @@ def prepare(
         notices.append("skills: " + ", ".join(f"{k.name} ({k.source})" for k in found.skills))
     if config.tasks:
         tools.append(update_tasks_tool())
+    if role is None and config.subagents:
+        tools.append(delegate_tool(checks=config.subagent_checks, model=model))
     if asker is not None:  # nobody can answer in a headless run: not offered at all
         tools += interactive_tools(asker)
     mcp = None
@@ -133,9 +140,14 @@ def prepare(
         index = skills_prompt(found.skills)
         if index:
             text = f"{text}\n\n{SKILLS_HEADER}\n{index}" if text else f"{SKILLS_HEADER}\n{index}"
+        offered = [*tools, *extensions.tools()]
+        hooks = list(extensions.hooks())
+        if role is not None:  # allowed without asking: the human approved the delegation
+            offered = role.restrict(offered)
+            hooks.append(role.hook(offered))
         agent = Agent(
             adapter=build_adapter(resolved),
-            tools=[*tools, *extensions.tools()],
+            tools=offered,
             store=JsonlSessionStore(home),
             workspace=ws,
             mode=config.mode,
@@ -143,7 +155,8 @@ def prepare(
             profile=resolved.profile.name if resolved.profile else None,
             strip_env=resolved.strip_env,
             system_prompt=text,
-            hooks=extensions.hooks(),
+            hooks=hooks,
+            trigger="subagent" if role is not None else "user",
         )
     except BaseException:
         if mcp is not None:
@@ -162,6 +175,7 @@ def prepare(
         skills=tuple(found.skills),
         options=options,
         flags=(model, mode),
+        subagent=role,
     )
 
 
@@ -221,4 +235,5 @@ def open_session(
         mode=setup.config.mode_override,
         headless=headless,
         system_prompt=setup.system_override,
+        parent=setup.subagent.parent if setup.subagent is not None else None,
     )

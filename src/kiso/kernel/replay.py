@@ -239,6 +239,17 @@ class Replay:
         self._covers = 0  # the newest compaction's covers_to_seq
         self._last_anchor = 0
 
+    @property
+    def anchors(self) -> list[int]:
+        """The seq each message of :attr:`messages` stands for (a tool result: its call's
+        ``assistant``; the summary: its ``compacted``), parallel to ``messages``."""
+        return self._anchors
+
+    @property
+    def covers(self) -> int:
+        """The ``covers_to_seq`` of the newest compaction (0: none)."""
+        return self._covers
+
     def _emit(self, message: Message, anchor: int) -> None:
         if anchor > self._covers:
             self.last_role = message.role

@@ -10,6 +10,10 @@ A script is ``{"turns": [turn, ...]}``, one turn per model response::
      "delay_ms": 200,                            optional: spread over the stream
      "error": {"status": 429, "message": "slow down"}}   optional: this attempt fails instead
 
+A script may also hold ``"summaries": [turn, ...]``: the answers to compaction requests
+(docs/context.md), in order, one per summary asked (an ``error`` entry, or a bad summary, is
+consumed by its attempt). Without them a compaction gets a plain scripted summary.
+
 ``KISO_FAUX_SCRIPT=<file>`` selects it. The format is a public contract: users script demos and
 tests with it. Positions are derived from the log, not kept in memory: the turn a request gets is
 the one after the turn the session last committed, so a resumed session continues from the next
@@ -133,16 +137,30 @@ def _turn(raw: Any, where: str) -> FauxTurn:
 
 
 def parse_script(data: Any, source: str = "faux script") -> tuple[FauxTurn, ...]:
-    """Validate a decoded script."""
+    """Validate a decoded script (its ``turns``; :func:`parse_summaries` reads the rest)."""
     if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
         raise ScriptError(f'{source}: expected {{"turns": [ ... ]}}')
-    if set(data) - {"turns"}:
-        raise ScriptError(f"{source}: unknown key(s) {', '.join(sorted(set(data) - {'turns'}))}")
+    if set(data) - {"turns", "summaries"}:
+        unknown = ", ".join(sorted(set(data) - {"turns", "summaries"}))
+        raise ScriptError(f"{source}: unknown key(s) {unknown}; a script has turns and summaries")
+    parse_summaries(data, source)
     return tuple(_turn(t, f"{source}: turns[{i}]") for i, t in enumerate(data["turns"]))
 
 
+def parse_summaries(data: Any, source: str = "faux script") -> tuple[FauxTurn, ...]:
+    """The script's answers to compaction requests (``summaries``, optional)."""
+    raw = data.get("summaries", []) if isinstance(data, dict) else []
+    if not isinstance(raw, list):
+        raise ScriptError(f"{source}: summaries must be a list of turns")
+    return tuple(_turn(t, f"{source}: summaries[{i}]") for i, t in enumerate(raw))
+
+
 def load_script(path: str | os.PathLike[str]) -> tuple[FauxTurn, ...]:
-    """Read and validate a script file (``KISO_FAUX_SCRIPT``)."""
+    """Read and validate a script file (``KISO_FAUX_SCRIPT``): its turns."""
+    return _load(path)[0]
+
+
+def _load(path: str | os.PathLike[str]) -> tuple[tuple[FauxTurn, ...], tuple[FauxTurn, ...]]:
     try:
         raw = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -151,7 +169,7 @@ def load_script(path: str | os.PathLike[str]) -> tuple[FauxTurn, ...]:
         raise ScriptError(f"the faux script {path} is not UTF-8 text") from None
     try:
         data = json.loads(raw)
-        return parse_script(data, str(path))
+        return parse_script(data, str(path)), parse_summaries(data, str(path))
     except RecursionError:
         raise ScriptError(f"the faux script {path} is nested too deeply to read") from None
     except ScriptError:
@@ -166,7 +184,11 @@ class FauxAdapter:
     provider = "faux"
 
     def __init__(
-        self, turns: tuple[FauxTurn, ...] | list[Mapping[str, Any]], *, model: str = "faux"
+        self,
+        turns: tuple[FauxTurn, ...] | list[Mapping[str, Any]],
+        *,
+        model: str = "faux",
+        summaries: tuple[FauxTurn, ...] | list[Mapping[str, Any]] = (),
     ):
         ready = tuple(t for t in turns if isinstance(t, FauxTurn))
         self.turns: tuple[FauxTurn, ...] = (
@@ -176,10 +198,18 @@ class FauxAdapter:
         self._attempts: dict[int, int] = {}
         """Error turns consumed in this process, per committed-turn count."""
         self._committed_positions = [i for i, t in enumerate(self.turns) if t.error is None]
+        ready_s = tuple(t for t in summaries if isinstance(t, FauxTurn))
+        self.summaries: tuple[FauxTurn, ...] = (
+            ready_s
+            if len(ready_s) == len(summaries)
+            else parse_summaries({"summaries": list(summaries)})
+        )
+        self._summary_attempts: dict[int, int] = {}
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> FauxAdapter:
-        return cls(load_script(path), model=f"faux:{Path(path).name}")
+        turns, summaries = _load(path)
+        return cls(turns, model=f"faux:{Path(path).name}", summaries=summaries)
 
     def position(self, turn: int) -> int:
         """The script index the next attempt of request ``turn`` plays: the entry after the
@@ -194,6 +224,10 @@ class FauxAdapter:
         return base + self._attempts.get(turn, 0)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        if request.options.get("purpose") == "summary":
+            async for item in self._summary(request):
+                yield item
+            return
         index = self.position(request.turn)
         if index >= len(self.turns):
             raise ProviderError(
@@ -234,6 +268,46 @@ class FauxAdapter:
             blocks.append(TextBlock(turn.text))
         for i, (name, args) in enumerate(turn.tool_calls):
             blocks.append(ToolCall(f"call_{index}_{i}", name, dict(args)))
+        stop = turn.stop or ("tool_use" if turn.tool_calls else "end_turn")
+        yield TurnDone(tuple(blocks), stop, turn.usage, self.model)
+
+    async def _summary(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        """A compaction request: the next scripted summary (committed compactions plus the
+        attempts this process spent), or a plain one when the script has none."""
+        committed = int(request.options.get("summary_index", 0))
+        tried = self._summary_attempts.get(committed, 0)
+        self._summary_attempts[committed] = tried + 1
+        if not self.summaries:
+            text = (
+                f"## Goal\nThe scripted session's task (summary {committed + 1}).\n"
+                f"## Current work\nThe scripted turns so far.\n## Next steps\nThe next turn."
+            )
+            yield TextDelta(text)
+            yield TurnDone((TextBlock(text),), "end_turn", Usage(), self.model)
+            return
+        index = committed + tried
+        if index >= len(self.summaries):
+            raise ProviderError(
+                f"the faux script has no summary {index + 1} (it has {len(self.summaries)})",
+                code="script_exhausted",
+                retryable=False,
+            )
+        turn = self.summaries[index]
+        if turn.delay_ms:
+            await asyncio.sleep(turn.delay_ms / 1000)
+        if turn.error is not None:
+            status, message = turn.error
+            raise ProviderError(
+                message or f"scripted error {status}",
+                status=status,
+                code=_code(status),
+                retryable=retryable_status(status),
+            )
+        blocks: list[AssistantBlock] = [TextBlock(turn.text)] if turn.text else []
+        for i, (name, args) in enumerate(turn.tool_calls):
+            blocks.append(ToolCall(f"summary_{index}_{i}", name, dict(args)))
+        if turn.text:
+            yield TextDelta(turn.text)
         stop = turn.stop or ("tool_use" if turn.tool_calls else "end_turn")
         yield TurnDone(tuple(blocks), stop, turn.usage, self.model)
 

@@ -31,6 +31,7 @@ from kiso.kernel import (
 from kiso.kernel.events import Trigger
 from kiso.providers.base import Adapter, ToolSpec
 from kiso.runtime.approvals import FloorHook, ModeHook, RulesHook, as_hooks, check_mode
+from kiso.runtime.context import Window
 from kiso.runtime.hooks import Hook, HookChain, Policy
 from kiso.runtime.rules import RULES_FILE, RulesFile
 from kiso.runtime.session import Session
@@ -65,6 +66,8 @@ class Agent:
         home: str | os.PathLike[str] | None = None,
         strip_env: Iterable[str] = (),
         trigger: Trigger = "user",
+        window: Window | int | None = None,
+        auto_compact: bool = True,
     ) -> None:
         self.adapter: Adapter = adapter if adapter is not None else _default_adapter(model)
         names = [t.name for t in tools]
@@ -100,6 +103,13 @@ class Agent:
         self.home = Path(home) if home is not None else Path.home()
         self.strip_env = tuple(strip_env)
         self.trigger: Trigger = trigger
+        if isinstance(window, Window):
+            self.window = window
+        else:
+            self.window = Window(self.adapter.model, explicit=window)
+        """The model's context window: explicit, the registry's, or learned from a refusal."""
+        self.auto_compact = auto_compact
+        """Whether context relief compacts on its own (docs/context.md); ``/compact`` always can."""
         self._validators: dict[str, Draft202012Validator] = {}
         for tool in tools:
             try:
@@ -118,6 +128,7 @@ class Agent:
         mode: str | None = None,
         headless: bool = False,
         system_prompt: str | None = None,
+        parent: str | None = None,
     ) -> Session:
         """Open session ``id`` for writing (creating it if it does not exist), or a new one.
 
@@ -126,6 +137,7 @@ class Agent:
         ``headless``: nobody can answer questions, so an ask is denied by ``headless``.
         ``system_prompt`` likewise replaces the prompt the log recorded (the change is
         recorded); without it the session keeps its recorded prompt, else the agent's.
+        ``parent``: the session that delegated to this one (a new session's header records it).
         """
         if mode is not None:
             check_mode(mode)
@@ -136,7 +148,7 @@ class Agent:
             except SessionNotFoundError:
                 writer = None
         if writer is None:
-            writer = self.store.create(str(self.workspace), session_id=id)
+            writer = self.store.create(str(self.workspace), session_id=id, parent=parent)
         try:
             return Session(self, writer, mode=mode, headless=headless, system_prompt=system_prompt)
         except BaseException:

@@ -50,7 +50,7 @@ _PROFILE_KEYS = {
     "contextWindow": "a positive integer (tokens)",
     "effort": "an effort level the model accepts",
 }
-_TOP_KEYS = {"model", "models", "mode", "floor", "theme", "tasks"}
+_TOP_KEYS = {"model", "models", "mode", "floor", "theme", "tasks", "subagents"}
 _USER_ONLY = {"floor": "the catastrophe floor", "theme": "the terminal theme"}
 
 
@@ -99,6 +99,11 @@ class Config:
     theme: str | None = None
     tasks: bool = False
     """Whether the ``update_tasks`` tool is loaded (``"tasks": true``; opt-in)."""
+    subagents: bool = True
+    """Whether the ``delegate`` tool is offered (``"subagents": {"enabled": false}`` turns it
+    off)."""
+    subagent_checks: dict[str, str] = field(default_factory=dict)
+    """``subagents.checks``: acceptance check name to command (project names override user)."""
     files: tuple[str, ...] = ()
     """The config files that were read, lowest precedence first."""
     mode_source: str = "default"
@@ -216,6 +221,43 @@ def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, 
         if not isinstance(data["tasks"], bool):
             raise ConfigError(f"{path}: tasks: must be true or false")
         out["tasks"] = data["tasks"]
+    if "subagents" in data:
+        out.update(_subagents(path, data["subagents"]))
+    return out
+
+
+_CHECK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _subagents(path: Path, raw: Any) -> dict[str, Any]:
+    """``"subagents": {"enabled": bool, "checks": {"<name>": "<command>"}}``."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f'{path}: subagents: must be an object such as {{"checks": {{}}}}')
+    unknown = sorted(set(raw) - {"enabled", "checks"})
+    if unknown:
+        raise ConfigError(
+            f"{path}: subagents.{unknown[0]}: unknown key; known keys: checks, enabled"
+        )
+    out: dict[str, Any] = {}
+    if "enabled" in raw:
+        if not isinstance(raw["enabled"], bool):
+            raise ConfigError(f"{path}: subagents.enabled: must be true or false")
+        out["subagents"] = raw["enabled"]
+    checks = raw.get("checks", {})
+    if not isinstance(checks, dict):
+        raise ConfigError(f"{path}: subagents.checks: must be an object of name to command")
+    for name, command in checks.items():
+        if not _CHECK_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{path}: subagents.checks.{name}: a check name is 1-64 letters, digits, '.', "
+                f"'_' or '-', starting with a letter or digit"
+            )
+        if not isinstance(command, str) or not command.strip() or "\x00" in command:
+            raise ConfigError(
+                f"{path}: subagents.checks.{name}: must be the command line to run (a "
+                f"non-empty string), got {command!r}"
+            )
+    out["subagent_checks"] = dict(checks)
     return out
 
 
@@ -257,6 +299,7 @@ def load_config(
         if "mode" in layer:
             mode_source = str(path)
         merged["models"].update(layer.pop("models", {}))
+        merged.setdefault("subagent_checks", {}).update(layer.pop("subagent_checks", {}))
         merged.update(layer)
     if env.get("KISO_MODEL"):
         merged["model"] = env["KISO_MODEL"]
@@ -279,6 +322,8 @@ def load_config(
         floor=merged.get("floor", True),
         theme=merged.get("theme"),
         tasks=merged.get("tasks", False),
+        subagents=merged.get("subagents", True),
+        subagent_checks=merged.get("subagent_checks", {}),
         files=tuple(files),
         mode_source=mode_source,
     )

@@ -61,6 +61,8 @@ from kiso.kernel.recovery import plan_replay
 from kiso.providers.base import ModelRequest, ProviderError, TextDelta, ThinkingDelta, TurnDone
 from kiso.runtime import stream as ev
 from kiso.runtime.approvals import allowing_modes, compose
+from kiso.runtime.compaction import compact, maybe_compact
+from kiso.runtime.context import message_tokens, parse_window
 from kiso.runtime.hooks import CallContext, HookFailed, RunInfo, Verdict
 from kiso.runtime.liveness import LivenessGuard
 from kiso.tools.base import AbortSignal, Tool, ToolContext, ToolResult
@@ -133,6 +135,9 @@ async def drive(
                         yield await _end(run, run_id, Outcome("max_turns"))
                         break
                     await asyncio.sleep(0)  # a step boundary: other sessions and timers run
+                    async for item in maybe_compact(session, run_id, run.abort):
+                        yield item
+                    run.seen = len(session.events)
                     outcome: list[Outcome] = []
                     async for item in _call_model(run, run_id, outcome):
                         yield item
@@ -570,20 +575,30 @@ class _Liveness:
 # --------------------------------------------------------------------------- the model
 
 
-async def _call_model(run: Run, run_id: str, failure: list[Outcome]) -> AsyncIterator[ev.RunEvent]:
-    """Stream one turn with retries; stage it, or put the run's failure outcome in ``failure``."""
+def _request(run: Run, run_id: str) -> ModelRequest:
     session, agent = run.session, run.agent
     state = session.fold
-    hooks = agent.hooks
     request = ModelRequest(
         system=session.pin_system_prompt(run_id),
         messages=tuple(state.messages),
         tools=agent.tool_specs(),
         turn=state.turns,
     )
-    if hooks.by_point["before_model"]:
-        request = hooks.before_model(request, run.info(run_id))
+    if agent.hooks.by_point["before_model"]:
+        request = agent.hooks.before_model(request, run.info(run_id))
+    return request
+
+
+async def _call_model(run: Run, run_id: str, failure: list[Outcome]) -> AsyncIterator[ev.RunEvent]:
+    """Stream one turn with retries; stage it, or put the run's failure outcome in ``failure``.
+
+    A ``context_overflow`` refusal lowers the window to what the endpoint named, compacts once
+    and retries once; a second refusal ends the run, naming the request's size and the window."""
+    session, agent = run.session, run.agent
+    hooks = agent.hooks
+    request = _request(run, run_id)
     attempt = 0
+    relieved = False
     while True:
         attempt += 1
         try:
@@ -599,6 +614,28 @@ async def _call_model(run: Run, run_id: str, failure: list[Outcome]) -> AsyncIte
             failure.append(Outcome.aborted(run.abort.reason or "user"))
             return
         except ProviderError as exc:
+            if exc.code == "context_overflow":
+                learned = parse_window(exc.message)
+                if learned is not None:
+                    agent.window.learn(learned)
+                if not relieved:
+                    relieved = True
+                    compacted = False
+                    async for relief in compact(session, run_id, trigger="auto", abort=run.abort):
+                        compacted = compacted or isinstance(relief, ev.Compaction)
+                        yield relief
+                    run.seen = len(session.events)
+                    if compacted:
+                        request = _request(run, run_id)
+                        attempt = 0
+                        continue
+                size = sum(message_tokens(m) for m in request.messages)
+                message = (
+                    f"{exc.message} (this request: ~{size:,} tokens of messages; the window: "
+                    f"{agent.window.current().describe()})"
+                )
+                failure.append(Outcome.error(exc.code, message, retryable=False))
+                return
             if not exc.retryable or attempt > agent.max_retries:
                 failure.append(Outcome.error(exc.code, exc.message, retryable=exc.retryable))
                 return

@@ -44,6 +44,7 @@ from kiso.kernel import (
     session_state,
 )
 from kiso.kernel.events import Source, UserBlock
+from kiso.kernel.messages import UserMessage
 from kiso.kernel.recovery import plan_replay
 from kiso.kernel.replay import SYSTEM_PROMPT_KEY, CallState, CallStatus, Replay
 from kiso.kernel.values import TextBlock
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from kiso.runtime.agent import Agent
     from kiso.runtime.offers import Offer
 
-__all__ = ["Session"]
+__all__ = ["PromptTooLargeError", "Session"]
 
 RULING_WAIT_S = 5.0
 """How long a ruling waits for an uncertain execution's processes to go before refusing."""
@@ -86,6 +87,10 @@ class Session:
         """Events before this index were there at open or were shown to ``on_event`` hooks."""
         self.live_dir = Path(writer.path).with_suffix(".live") if writer.path else None
         """Where the liveness guards of running executions are kept (none for memory stores)."""
+        self.compaction_failures = 0
+        """Summaries rejected (or failed) in a row; nothing of them is on disk."""
+        self.auto_compact_off = False
+        """Auto-compaction stopped after three failures in a row (``/compact`` still works)."""
         if mode is not None:
             self.set_mode(mode)
         if system_prompt is not None and system_prompt != self._fold.system_prompt:
@@ -204,6 +209,7 @@ class Session:
                 f"session {self.id} has a run that did not end ({self.state.value}); "
                 f"call resume() to finish it before starting another"
             )
+        _check_prompt_fits(content, self.agent)
         run = new_id()
         adapter = self.agent.adapter
         said = self._user_message(run, content) if source == "user" else content
@@ -240,6 +246,27 @@ class Session:
             else:
                 blocks.append(block)
         return tuple(blocks)
+
+    def compact(self, focus: str | None = None) -> AsyncIterator[RunEvent]:
+        """Summarize the history now (``/compact [focus]``): yields ``compaction`` once the
+        ``compacted`` record is durable, or ``compaction_failed`` (nothing written). Refused
+        while a run is being carried, and while a question waits for its answer."""
+        if self._run is not None:
+            raise UsageError(f"session {self.id} is running a turn; compact once it is done")
+        if self._fold.turn is not None:
+            raise UsageError(
+                f"session {self.id} has a turn waiting for answers ({self.state.value}); answer "
+                f"it (or resume) before compacting"
+            )
+        from kiso.runtime.compaction import compact, last_run
+
+        run = self._fold.open_run or last_run(self.events)
+        if run is None:
+            raise UsageError(f"session {self.id} has no history to compact yet")
+        return compact(self, run, trigger="manual", focus=focus)
+
+    def run_info(self, run_id: str) -> RunInfo:
+        return RunInfo(self.id, run_id, self.agent.workspace, self.mode)
 
     def resume(self) -> AsyncIterator[RunEvent]:
         """Carry the open run forward from its durable prefix (nothing happens if none is open).
@@ -383,6 +410,25 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class PromptTooLargeError(UsageError):
+    """A prompt that alone exceeds the model's whole context window: refused before anything
+    is recorded, so the session is not left with an input no request can carry."""
+
+
+def _check_prompt_fits(content: str | tuple[UserBlock, ...], agent: Agent) -> None:
+    from kiso.runtime.context import message_tokens
+
+    blocks = (TextBlock(content),) if isinstance(content, str) else content
+    tokens = message_tokens(UserMessage(blocks))
+    window = agent.window.current()
+    if tokens > window.tokens:
+        raise PromptTooLargeError(
+            f"the prompt is ~{tokens:,} tokens, more than the model's whole context window of "
+            f"{window.describe()}; nothing was recorded. Shorten it or attach less, or use a "
+            f"model with a larger window (a profile's contextWindow sets it)"
+        )
 
 
 def _sync(agen: AsyncIterator[RunEvent]) -> Generator[RunEvent, None, None]:

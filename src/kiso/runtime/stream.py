@@ -26,6 +26,7 @@ from kiso.kernel import (
     ApprovalDecided,
     ApprovalRequested,
     Assistant,
+    Compacted,
     ExecutionFinished,
     ExecutionResolved,
     ExecutionStarted,
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = [
     "STREAM_VERSION",
     "ApprovalRequest",
+    "Compaction",
+    "CompactionFailed",
     "Decision",
     "ModelTurn",
     "Paused",
@@ -282,6 +285,49 @@ class Terminal:
         return {"type": self.type, "v": STREAM_VERSION, "outcome": self.outcome.to_json()}
 
 
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """A summary now replaces older history: the ``compacted`` record is on disk."""
+
+    event: Compacted
+    covered: int = 0
+    """How many messages of the projection it replaced."""
+    estimated: bool = False
+    """Whether ``tokens_before`` was estimated (no provider count covered the request)."""
+    type: ClassVar[str] = "compaction"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "v": STREAM_VERSION,
+            "event": self.event.to_json(),
+            "covered": self.covered,
+            "estimated": self.estimated,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionFailed:
+    """A summary was not written (rejected, or its request failed); nothing changed on disk.
+    ``disabled``: auto-compaction is now off for the session (after three in a row)."""
+
+    reason: str
+    failures: int
+    disabled: bool
+    counted: bool = True
+    """False when there was nothing to compact (not a failure of the summary)."""
+    type: ClassVar[str] = "compaction_failed"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "v": STREAM_VERSION,
+            "reason": self.reason,
+            "failures": self.failures,
+            "disabled": self.disabled,
+        }
+
+
 RunEvent: TypeAlias = (
     TextDelta
     | ThinkingDelta
@@ -296,6 +342,8 @@ RunEvent: TypeAlias = (
     | Ruling
     | Paused
     | Terminal
+    | Compaction
+    | CompactionFailed
 )
 
 

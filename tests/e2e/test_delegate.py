@@ -1,0 +1,376 @@
+"""``delegate`` end to end: a real parent ``kiso -p``, real child kiso processes, real git
+worktrees, every model scripted (``KISO_SUBAGENT_SCRIPTS``: one script per child). What is
+asserted is on disk: the logs, the files, the worktrees, the processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.processes import alive
+
+BIN = Path(sys.executable).parent / "kiso"
+_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "KISO_MODEL", "KISO_MODE")
+
+
+class World:
+    """A home, a git repository with one commit, a scripts directory, a parent session."""
+
+    def __init__(self, tmp_path: Path, *, git: bool = True) -> None:
+        self.root = tmp_path
+        self.home = tmp_path / "home"
+        self.ws = tmp_path / "ws"
+        self.scripts = tmp_path / "scripts"
+        for d in (self.home, self.ws, self.scripts):
+            d.mkdir()
+        (self.ws / "a.txt").write_text("hello\n")
+        if git:
+            for args in (["init", "-q"], ["add", "a.txt"], ["commit", "-qm", "init"]):
+                subprocess.run(["git", *args], cwd=self.ws, check=True, env=_git_env())
+
+    def env(self, **extra: str) -> dict[str, str]:
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in _KEYS and not k.startswith(("KISO_SUBAGENT_", "KISO_FAUX", "KISO_FAIL"))
+        }
+        base.update(
+            KISO_HOME=str(self.home),
+            KISO_FAUX_SCRIPT=str(self.root / "parent.json"),
+            KISO_SUBAGENT_SCRIPTS=str(self.scripts),
+        )
+        base.update(extra)
+        return base
+
+    def parent(self, *turns: dict[str, Any]) -> None:
+        _script(self.root / "parent.json", *turns)
+
+    def child(self, n: int, *turns: dict[str, Any]) -> None:
+        _script(self.scripts / f"{n}.json", *turns)
+
+    def delegate(self, *tasks: dict[str, Any], **env: str) -> subprocess.CompletedProcess[str]:
+        self.parent(
+            {"tool_calls": [{"name": "delegate", "input": {"tasks": list(tasks)}}]},
+            {"text": "parent done"},
+        )
+        return self.kiso("-p", "go", "p1", "--mode", "bypass", **env)
+
+    def kiso(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN), *args],
+            cwd=self.ws,
+            env=self.env(**env),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def log(self, session: str) -> list[dict[str, Any]]:
+        found = list(self.home.glob(f"projects/*/{session}.jsonl"))
+        assert len(found) == 1, f"{session}: {found}"
+        return [json.loads(line) for line in found[0].read_text().splitlines()]
+
+    def has_log(self, session: str) -> bool:
+        return any(self.home.glob(f"projects/*/{session}.jsonl"))
+
+    def results(self, session: str = "p1") -> list[str]:
+        return [e["content"] for e in self.log(session) if e["type"] == "execution_finished"]
+
+    def child_ids(self) -> list[str]:
+        return sorted(p.stem for p in self.home.glob("projects/*/sub-p1-*.jsonl"))
+
+
+def _git_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+    }
+
+
+def _script(path: Path, *turns: dict[str, Any]) -> None:
+    path.write_text(json.dumps({"turns": list(turns)}))
+
+
+def _call(name: str, **input: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "input": input}]}
+
+
+def _denials(log: list[dict[str, Any]]) -> list[str]:
+    return [
+        str(e["reason"])
+        for e in log
+        if e["type"] == "approval_decided" and e["decision"] == "denied"
+    ]
+
+
+def _porcelain(ws: Path) -> str:
+    done = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=ws, capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+def test_an_explorer_reads_the_parent_workspace_and_has_no_write_tool(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.child(
+        1,
+        _call("read_file", path="a.txt"),
+        _call("write_file", path="made.txt", content="x"),
+        {"text": "a.txt says hello"},
+    )
+    out = w.delegate({"role": "explorer", "task": "What does a.txt say?"})
+    assert out.returncode == 0, out.stderr
+    [child] = w.child_ids()
+    assert child.startswith("sub-p1-") and child.endswith("-1-explorer")
+    log = w.log(child)
+    assert log[0]["parent"] == "p1" and log[0]["workspace"] == str(w.ws)
+    assert [e["trigger"] for e in log if e["type"] == "run_started"] == ["subagent"]
+    names = [e["name"] for e in log if e["type"] == "execution_started"]
+    assert names == ["read_file"]  # write_file is not an explorer's tool: it never ran
+    [read] = [e for e in log if e["type"] == "execution_finished"]
+    assert "hello" in read["content"]
+    assert not (w.ws / "made.txt").exists()  # write_file is not an explorer's tool
+    assert not (w.home / "worktrees").exists()  # explorers work in place
+    [result] = w.results()
+    assert "1 of 1 subagent tasks completed" in result and "a.txt says hello" in result
+    assert "outcome: completed · 2 tool call(s)" in result
+
+
+def test_an_implementer_works_in_a_worktree_and_its_diff_comes_back(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    (w.home / "config.json").write_text(
+        json.dumps({"subagents": {"checks": {"has-b": "test -f b.txt && echo found b"}}})
+    )
+    w.child(
+        1,
+        _call("write_file", path="b.txt", content="brand new\n"),
+        _call("edit_file", path="a.txt", edits=[{"oldText": "hello", "newText": "HELLO"}]),
+        _call("delegate", tasks=[{"role": "explorer", "task": "nested"}]),
+        {"text": "wrote b, shouted a"},
+    )
+    w.child(2, _call("read_file", path="a.txt"), {"text": "nothing to change"})
+    out = w.delegate(
+        {"role": "implementer", "task": "add b.txt", "acceptance": "has-b"},
+        {"role": "implementer", "task": "look only", "acceptance": "has-b"},
+    )
+    assert out.returncode == 0, out.stderr
+    first, second = w.child_ids()
+    tree = w.home / "worktrees" / first
+    [result] = w.results()
+    # the dirty worktree is kept, named, and its diff (a new file, an edit) is in the result
+    assert f"worktree kept (it has changes): {tree}" in result
+    assert "b.txt | 1 +" in result and "+brand new" in result and "+HELLO" in result
+    assert (tree / "b.txt").read_text() == "brand new\n"
+    assert "acceptance 'has-b' (test -f b.txt && echo found b): passed, exit 0\nfound b" in result
+    # the clean one is removed, and its check ran in its worktree before: no b.txt there
+    assert not (w.home / "worktrees" / second).exists()
+    assert "worktree removed: no changes" in result and "FAILED, exit 1" in result
+    # the parent's workspace is untouched
+    assert (w.ws / "a.txt").read_text() == "hello\n" and not (w.ws / "b.txt").exists()
+    assert _porcelain(w.ws) == ""
+    # a child cannot delegate: the tool is not offered, so no grandchild exists
+    log = w.log(first)
+    assert log[0]["parent"] == "p1" and log[0]["workspace"] == str(tree)
+    assert [e["trigger"] for e in log if e["type"] == "run_started"] == ["subagent"]
+    assert not any(e["type"] == "execution_started" and e["name"] == "delegate" for e in log)
+    assert w.child_ids() == [first, second]
+    assert "1 of 2 subagent tasks completed" in result  # the failed check counts
+
+
+def test_a_workspace_that_is_not_a_repository_starts_nothing(tmp_path: Path) -> None:
+    w = World(tmp_path, git=False)
+    (w.home / "config.json").write_text(json.dumps({"subagents": {"checks": {"t": "true"}}}))
+    w.parent(
+        _call("delegate", tasks=[{"role": "implementer", "task": "change it"}]),
+        _call("delegate", tasks=[]),
+        _call("delegate", tasks=[{"role": "explorer", "task": "x"}] * 9),
+        _call("delegate", tasks=[{"role": "boss", "task": "x"}]),
+        _call("delegate", tasks=[{"role": "explorer", "task": "x", "acceptance": "lint"}]),
+        _call("delegate", tasks=[{"role": "implementer", "task": "x", "scope": ["../up"]}]),
+        {"text": "ok"},
+    )
+    out = w.kiso("-p", "go", "p1", "--mode", "bypass")
+    assert out.returncode == 0, out.stderr
+    # bad input never reaches the tool (the runtime checks the schema); the rest is its own
+    answers = [
+        e.get("content") or e.get("reason")
+        for e in w.log("p1")
+        if e["type"] == "execution_finished" or e.get("decided_by") == "schema"
+    ]
+    repo, empty, many, role, check, scope = (str(a) for a in answers)
+    assert f"the workspace {w.ws} is not a git repository" in repo
+    assert "nothing was started" in repo
+    assert "tasks" in empty and "should be non-empty" in empty
+    assert "tasks" in many and "is too long" in many
+    assert "boss" in role and "is not one of" in role
+    assert "no check named 'lint' is configured (defined: t)" in check
+    assert "must not contain '..'" in scope
+    assert w.child_ids() == [] and not (w.home / "worktrees").exists()
+
+
+def test_a_scope_denies_writes_outside_it_and_offers_no_shell(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.child(
+        1,
+        _call("write_file", path="src/ok.txt", content="inside\n"),
+        _call("write_file", path="top.txt", content="outside\n"),
+        _call("shell", command="touch shell-ran"),
+        {"text": "tried"},
+    )
+    out = w.delegate({"role": "implementer", "task": "edit src", "scope": ["src/**"]})
+    assert out.returncode == 0, out.stderr
+    [child] = w.child_ids()
+    tree = w.home / "worktrees" / child
+    assert (tree / "src" / "ok.txt").exists()
+    assert not (tree / "top.txt").exists() and not (tree / "shell-ran").exists()
+    log = w.log(child)
+    assert any("'top.txt' is outside this task's scope" in r for r in _denials(log))
+    assert not any(e["type"] == "execution_started" and e["name"] == "shell" for e in log)
+    [result] = w.results()
+    assert "src/ok.txt" in result and "top.txt" not in result.split("diff:")[1]
+
+
+def test_more_than_four_tasks_run_at_most_four_at_a_time(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    # each child: mark its start, wait until four have started (or 20 s), mark its end. Run four
+    # at a time, the first four meet and the last two follow: the overlap is exactly four.
+    for n in range(1, 7):
+        wait = (
+            f"echo start >> {ledger}/events; touch {ledger}/started-{n}; "
+            f"for i in $(seq 400); do [ $(ls {ledger} | grep -c started) -ge 4 ] && break; "
+            f"sleep 0.05; done; echo end >> {ledger}/events"
+        )
+        w.child(n, _call("shell", command=wait), {"text": f"child {n} done"})
+    tasks = [{"role": "implementer", "task": f"task {n}"} for n in range(1, 7)]
+    out = w.delegate(*tasks)
+    assert out.returncode == 0, out.stderr
+    running = peak = 0
+    for line in (ledger / "events").read_text().split():
+        running += 1 if line == "start" else -1
+        peak = max(peak, running)
+    assert peak == 4
+    [result] = w.results()
+    assert "6 of 6 subagent tasks completed" in result
+    assert len(w.child_ids()) == 6
+
+
+def test_credentials_reach_the_child_but_not_its_shell(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    seen = tmp_path / "seen"
+    # the shell's parent is its supervisor, whose parent is the child kiso process
+    probe = (
+        f"env > {seen}.shell; kiso=$(cut -d' ' -f4 /proc/$PPID/stat); "
+        f"tr '\\0' '\\n' < /proc/$kiso/environ > {seen}.kiso"
+    )
+    w.child(1, _call("shell", command=probe), {"text": "probed"})
+    out = w.delegate({"role": "implementer", "task": "probe"}, OPENAI_API_KEY="sk-fake-123")
+    assert out.returncode == 0, out.stderr
+    kiso_env = Path(f"{seen}.kiso").read_text().splitlines()
+    assert "OPENAI_API_KEY=sk-fake-123" in kiso_env
+    assert "KISO_SUBAGENT_ROLE=implementer" in kiso_env and "KISO_SUBAGENT_DEPTH=1" in kiso_env
+    assert not any(line.startswith("KISO_FAILPOINT=") for line in kiso_env)
+    assert f"KISO_FAUX_SCRIPT={w.scripts / '1.json'}" in kiso_env  # its own, not the parent's
+    assert "sk-fake-123" not in Path(f"{seen}.shell").read_text()
+
+
+def test_a_timeout_kills_the_child_and_says_so(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    pid = tmp_path / "sleeper.pid"
+    w.child(1, _call("shell", command=f"echo $$ > {pid}; exec sleep 120"), {"text": "never"})
+    out = w.delegate({"role": "implementer", "task": "block"}, KISO_SUBAGENT_TIMEOUT_MS="8000")
+    assert out.returncode == 0, out.stderr
+    [result] = w.results()
+    assert "timed out after 8000 ms (KISO_SUBAGENT_TIMEOUT_MS)" in result
+    assert not alive(int(pid.read_text()))  # the child's own shell was killed with it
+    [child] = w.child_ids()
+    log = w.log(child)
+    assert not any(e["type"] == "run_ended" for e in log)  # killed: its run is open, resumable
+
+
+def _wait(what: str, check: Any, limit_s: float = 90.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not check():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_sigkill_of_the_parent_mid_delegation_then_resume(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    kiso_pid = tmp_path / "child2-kiso.pid"
+    w.child(1, _call("read_file", path="a.txt"), {"text": "child one read hello"})
+    probe = f"cut -d' ' -f4 /proc/$PPID/stat > {kiso_pid}.tmp && mv {kiso_pid}.tmp {kiso_pid}"
+    blocked = [
+        _call("shell", command=f"{probe}; echo work > w.txt"),
+        {"text": "child two done", "delay_ms": 120_000},
+    ]
+    w.child(2, *blocked)
+    w.parent(
+        _call(
+            "delegate",
+            tasks=[
+                {"role": "explorer", "task": "read a"},
+                {"role": "implementer", "task": "write w"},
+            ],
+        ),
+        {"text": "parent done"},
+    )
+    parent = subprocess.Popen(
+        [str(BIN), "-p", "go", "p1", "--mode", "bypass"],
+        cwd=w.ws,
+        env=w.env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    group = parent.pid
+    try:
+
+        def ready() -> bool:
+            ids = w.child_ids()
+            if len(ids) < 2 or not kiso_pid.exists():
+                return False
+            one, two = (w.log(i) for i in ids)
+            ended = any(e["type"] == "run_ended" for e in one)
+            return ended and any(e["type"] == "execution_finished" for e in two)
+
+        _wait("child 1 to end and child 2 to block", ready)
+    finally:
+        os.killpg(group, signal.SIGKILL)
+        parent.wait()
+    first, second = w.child_ids()
+    pid = int(kiso_pid.read_text())
+    _wait("child 2's kiso to be killed by its supervisor", lambda: not alive(pid))
+    # the model answers quickly this time
+    w.child(2, blocked[0], {"text": "child two done"})
+    out = w.kiso("resume", "p1", "--mode", "bypass")
+    assert out.returncode == 0, out.stderr
+    one, two = w.log(first), w.log(second)
+    assert sum(e["type"] == "run_started" for e in one) == 1  # not run again
+    runs = [e for e in two if e["type"] == "run_started"]
+    assert len(runs) == 1 and runs[0]["trigger"] == "subagent"  # the same run, carried on
+    assert sum(e["type"] == "execution_started" for e in two) == 1  # its shell ran once
+    assert [e["outcome"]["kind"] for e in two if e["type"] == "run_ended"] == ["completed"]
+    delegate = [e for e in w.log("p1") if e["type"] == "execution_started"]
+    assert len(delegate) == 2  # the uncertain one, and its automatic rerun
+    decided = [e["decided_by"] for e in w.log("p1") if e["type"] == "execution_resolved"]
+    assert decided in (["policy:idempotent"], [])
+    result = w.results()[-1]
+    assert "2 of 2 subagent tasks completed" in result
+    assert "already finished: read from its log, not run again" in result
+    assert "child one read hello" in result and "child two done" in result
+    assert "resumed: its run had not ended" in result and "+work" in result
