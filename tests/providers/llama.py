@@ -23,7 +23,7 @@ import sys
 import xllamacpp as xlc
 p = xlc.CommonParams()
 p.model.path = sys.argv[1]
-p.n_ctx = 4096
+p.n_ctx = int(sys.argv[3])
 p.cpuparams.n_threads = 2
 p.cpuparams_batch.n_threads = 2
 p.hostnames = ["127.0.0.1"]
@@ -53,11 +53,12 @@ def _free_port() -> int:
 
 
 @contextmanager
-def llama_server() -> Iterator[str]:
-    """Yield the server's base URL (``http://127.0.0.1:<port>``) once it answers."""
+def llama_server(n_ctx: int = 4096) -> Iterator[str]:
+    """Yield the server's base URL (``http://127.0.0.1:<port>``) once it answers; ``n_ctx``: its
+    context size in tokens."""
     port = _free_port()
     with subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(model_path()), str(port)],
+        [sys.executable, "-c", SERVER, str(model_path()), str(port), str(n_ctx)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -31,6 +31,7 @@ import click
 
 from kiso.kernel import Assistant, Event, KisoError, Outcome, Ruling, RunStarted, parse_ruling
 from kiso.runtime import STREAM_VERSION, Session, stream
+from kiso.runtime.session import PromptTooLargeError
 
 if TYPE_CHECKING:
     from kiso.cli.attach import Expansion
@@ -102,6 +103,9 @@ def run_headless(
                             outcome = ev.outcome
             code = _exit_code(prompt, outcome, blocked)
             out.result(session, session.events[first:], outcome, code, began)
+    except PromptTooLargeError as exc:  # refused before anything was recorded: a usage error
+        out.fail(str(exc))
+        return 2
     except KisoError as exc:
         out.fail(str(exc))
         return 1
@@ -225,6 +229,10 @@ class _Output:
                     self.held = ev.event.text
             elif isinstance(ev, stream.ToolStart):
                 self._echo(f"[{ev.call.name}]", err=True)
+            elif isinstance(ev, stream.Compaction) or (
+                isinstance(ev, stream.CompactionFailed) and ev.counted
+            ):
+                self._echo(ev.describe(), err=True)
             elif isinstance(ev, stream.Terminal) and ev.outcome.kind != "completed":
                 self._echo(f"kiso: the run did not complete: {_why(ev.outcome)}", err=True)
 

@@ -50,6 +50,7 @@ from kiso.kernel import (
 from kiso.providers.registry import cost, lookup
 from kiso.runtime import Session, stream
 from kiso.runtime.approvals import check_mode
+from kiso.runtime.context import Ledger, ledger
 from kiso.runtime.prompt import estimate_tokens
 from kiso.runtime.skills import find_skill, skill_turn, skills_prompt
 from kiso.tools.tasks import TASKS_TOOL, current_tasks, render_tasks
@@ -65,7 +66,14 @@ from .panels import (
     uncertain_panel,
 )
 from .picker import model_args, profile_rows, switch_model
-from .records import duration, last_view, record_text, running_card, target_of, transcript
+from .records import (
+    duration,
+    last_view,
+    record_text,
+    running_card,
+    target_of,
+    transcript,
+)
 from .render import (
     MODE_HELP,
     PROMPT,
@@ -246,13 +254,31 @@ class Repl:
         return modes[-1] if modes else self.setup.agent.mode
 
     def window(self) -> int:
-        profile = self.setup.resolved.profile
-        if profile is not None and profile.context_window:
-            return profile.context_window
-        return lookup(self.model).context_window
+        return self.setup.agent.window.tokens
+
+    def ledger(self) -> Ledger | None:
+        """The rent of the next request by part (``/context``), from the runtime's numbers."""
+        s = self.session
+        if s is None:
+            return None
+        appends = dict(self.setup.extensions.appends())
+        index = skills_prompt(self.setup.skills)
+        if index:
+            appends["skills index"] = index
+        return ledger(
+            events=s.events,
+            messages=s.fold.messages,
+            anchors=s.fold.anchors,
+            system=s.system_prompt,
+            specs=self.setup.agent.tool_specs(),
+            window=self.setup.agent.window.current(),
+            appends=appends,
+        )
 
     def update_meter(self) -> None:
-        self.meter = meter(self.session.events if self.session else (), self.window())
+        rent = self.ledger()
+        used = rent.total if rent is not None and rent.measured else None
+        self.meter = meter(self.session.events if self.session else (), self.window(), used=used)
 
     def cost(self) -> str:
         return spend(self.session.events if self.session else (), self.model)
@@ -519,6 +545,13 @@ class Repl:
         elif isinstance(ev, stream.ThinkingDelta):
             self.thinking = True
             self.streamed.delta(ev.text, time.monotonic())
+        elif isinstance(ev, stream.Compaction):
+            await self.flush_text()
+            await show(Text(ev.describe(), style="dim"))
+            self.update_meter()
+        elif isinstance(ev, stream.CompactionFailed):
+            if ev.counted or ev.failures == 0:
+                await show(warning_text(ev.describe()))
         elif isinstance(ev, stream.Retry):
             await show(
                 warning_text(f"retrying in {ev.delay:.1f}s (attempt {ev.attempt}): {ev.error}")
@@ -690,7 +723,9 @@ class Repl:
         elif name == "/clear":
             self.screen.clear()
         elif name == "/compact":
-            await show(Text("compaction is not available yet; the context is kept whole"))
+            await self._compact(arg)
+        elif name == "/context":
+            await show(self._context())
         elif name == "/resume":
             await self._resume()
         elif name == "/reload":
@@ -705,6 +740,31 @@ class Repl:
             self.enqueue(skill_turn(skill, arg))  # an ordinary user turn, recorded as such
         else:
             await show(error_text(f"unknown command {name}; /help lists them"))
+
+    async def _compact(self, focus: str) -> None:
+        """``/compact [focus]``: a summary now, as one durable ``compacted`` record."""
+        if self.running:
+            await self.screen.show(
+                error_text("a turn is running: /compact once it is done (esc stops it)")
+            )
+            return
+        if self.session is None:
+            await self.screen.show(Text("nothing to compact yet: the session has no history"))
+            return
+        try:
+            events = self.session.compact(focus.strip() or None)
+        except KisoError as exc:
+            await self.screen.show(error_text(f"✗ {exc}"))
+            return
+        await self.screen.show(Text("compacting: asking the model for a summary…", style="dim"))
+        await self.drive(events)
+
+    def _context(self) -> RenderableType:
+        rent = self.ledger()
+        if rent is None:
+            window = self.setup.agent.window.current()
+            return Text(f"no request yet · window {window.describe()}")
+        return Text("\n".join(["the next request, by part (tokens):", *rent.rows()]))
 
     def _rent_lines(self) -> list[str]:
         """What the skills' index and the MCP tools' schemas cost every request."""

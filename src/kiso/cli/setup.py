@@ -20,6 +20,7 @@ from kiso.kernel import JsonlSessionStore, SessionNotFoundError, UsageError, kis
 from kiso.mcp import McpManager, load_configs, load_mcp
 from kiso.runtime import Agent, Session
 from kiso.runtime.config import Config, load_config
+from kiso.runtime.context import LEARNED_FILE, Window
 from kiso.runtime.extensions import ExtensionSet, load_cascade
 from kiso.runtime.models import ResolvedModel, build_adapter, resolve_model
 from kiso.runtime.prompt import SystemPrompt, build_system_prompt
@@ -157,6 +158,8 @@ def prepare(
             system_prompt=text,
             hooks=hooks,
             trigger="subagent" if role is not None else "user",
+            window=context_window(resolved, home),
+            auto_compact=config.auto_compact,
         )
     except BaseException:
         if mcp is not None:
@@ -183,6 +186,29 @@ SKILLS_HEADER = (
     "Skills (read one with read_skill(name) when it fits the task; its other files with "
     "read_skill(name, file)):"
 )
+
+
+def context_window(resolved: ResolvedModel, home: Path) -> Window:
+    """The model's window: ``KISO_CONTEXT_WINDOW``, else the profile's ``contextWindow``, else
+    the registry's; lowered by what an endpoint's refusal taught (``learned-windows.json``)."""
+    profile = resolved.profile
+    raw = os.environ.get("KISO_CONTEXT_WINDOW", "").strip()
+    explicit = profile.context_window if profile is not None else None
+    source = "profile"
+    if raw:
+        if not raw.isdigit() or int(raw) < 256:
+            raise UsageError(
+                f"KISO_CONTEXT_WINDOW={raw!r}: must be a whole number of tokens, 256 or more"
+            )
+        explicit, source = int(raw), "KISO_CONTEXT_WINDOW"
+    if profile is None:
+        name = f"faux:{resolved.faux_script or 'keyless'}"
+        return Window(name, explicit=explicit, explicit_source=source)
+    key = f"{profile.kind} {profile.origin} {profile.model}"
+    learned = home / LEARNED_FILE
+    return Window(
+        profile.model, explicit=explicit, key=key, learned_file=learned, explicit_source=source
+    )
 
 
 def close_setup(setup: Setup) -> None:

@@ -43,7 +43,9 @@ class Meter:
     turn: Assistant | None = None
 
 
-def meter(events: Iterable[Event], window: int) -> Meter:
+def meter(events: Iterable[Event], window: int, *, used: int | None = None) -> Meter:
+    """``used``: the next request's size as the runtime measures it (``/context``'s total);
+    without it, the last counted turn's own figures."""
     last: Assistant | None = None
     counted: Assistant | None = None
     timed: Assistant | None = None
@@ -57,10 +59,13 @@ def meter(events: Iterable[Event], window: int) -> Meter:
     if last is None:
         return Meter(ctx_left=100)
     ctx_left = cache = None
+    if used is not None:
+        ctx_left = max(0, min(100, round(100 - used * 100 / max(window, 1))))
     if counted is not None:
         u = counted.usage
-        used = (u.input or 0) + (u.cache_read or 0) + (u.cache_write or 0) + (u.output or 0)
-        ctx_left = max(0, min(100, round(100 - used * 100 / max(window, 1))))
+        if used is None:
+            size = (u.input or 0) + (u.cache_read or 0) + (u.cache_write or 0) + (u.output or 0)
+            ctx_left = max(0, min(100, round(100 - size * 100 / max(window, 1))))
         seen = (u.input or 0) + (u.cache_read or 0)
         if seen and u.cache_read is not None:
             cache = round(u.cache_read * 100 / seen)

@@ -53,6 +53,7 @@ __all__ = [
     "error_from_code",
     "image_url",
     "map_exception",
+    "output_cap",
     "parse_arguments",
 ]
 
@@ -213,3 +214,9 @@ class OpenAIBase:
 
     def __repr__(self) -> str:  # never shows the key
         return f"{type(self).__name__}(provider={self.provider!r}, model={self.model!r})"
+
+
+def output_cap(adapter_max: int | None, request_max: int | None) -> int | None:
+    """The tighter of the adapter's output limit and the request's own (either may be unset)."""
+    caps = [c for c in (adapter_max, request_max) if c is not None]
+    return min(caps) if caps else None

@@ -162,7 +162,9 @@ class AnthropicAdapter:
         return build_params(
             request,
             model=self.model,
-            max_output_tokens=self.max_output_tokens,
+            max_output_tokens=min(
+                self.max_output_tokens, request.max_output or self.max_output_tokens
+            ),
             prompt_caching=self.prompt_caching,
             thinking_budget=self.thinking_budget,
         )

@@ -49,6 +49,8 @@ class ModelRequest:
     turn: int = 0
     """How many model turns this session has committed before this request (from the log)."""
     options: dict[str, Any] = field(default_factory=dict)
+    max_output: int | None = None
+    """A cap on this response's tokens, below the adapter's own (a summary's budget)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -245,12 +245,7 @@ class FauxAdapter:
             if pause:
                 await asyncio.sleep(pause)
             status, message = turn.error
-            raise ProviderError(
-                message or f"scripted error {status}",
-                status=status,
-                code=_code(status),
-                retryable=retryable_status(status),
-            )
+            raise _scripted_error(status, message)
         for piece in _pieces(turn.thinking):
             if pause:
                 await asyncio.sleep(pause)
@@ -297,12 +292,7 @@ class FauxAdapter:
             await asyncio.sleep(turn.delay_ms / 1000)
         if turn.error is not None:
             status, message = turn.error
-            raise ProviderError(
-                message or f"scripted error {status}",
-                status=status,
-                code=_code(status),
-                retryable=retryable_status(status),
-            )
+            raise _scripted_error(status, message)
         blocks: list[AssistantBlock] = [TextBlock(turn.text)] if turn.text else []
         for i, (name, args) in enumerate(turn.tool_calls):
             blocks.append(ToolCall(f"summary_{index}_{i}", name, dict(args)))
@@ -314,6 +304,22 @@ class FauxAdapter:
 
 def _pieces(text: str, size: int = 12) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _scripted_error(status: int, message: str) -> ProviderError:
+    """The error a real provider's response with this status and message would be (a "too
+    long" message is a ``context_overflow``, as from a real server)."""
+    from kiso.providers.errors import from_status
+
+    error = from_status(status, message or f"scripted error {status}")
+    if error.code == "context_overflow":
+        return error
+    return ProviderError(
+        message or f"scripted error {status}",
+        status=status,
+        code=_code(status),
+        retryable=retryable_status(status),
+    )
 
 
 def _code(status: int) -> str:

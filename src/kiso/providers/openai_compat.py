@@ -83,6 +83,7 @@ from kiso.providers._openai_common import (
     dumps_arguments,
     image_url,
     map_exception,
+    output_cap,
     parse_arguments,
 )
 from kiso.providers.base import (
@@ -121,8 +122,9 @@ class OpenAICompatAdapter(OpenAIBase):
         }
         if request.tools:
             params["tools"] = _tools(request.tools)
-        if self.max_output_tokens is not None:
-            params[self._max_tokens_field()] = self.max_output_tokens
+        cap = output_cap(self.max_output_tokens, request.max_output)
+        if cap is not None:
+            params[self._max_tokens_field()] = cap
         if self.reasoning_effort is not None:
             params["reasoning_effort"] = self.reasoning_effort
         return params

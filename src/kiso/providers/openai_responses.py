@@ -76,6 +76,7 @@ from kiso.providers._openai_common import (
     error_from_code,
     image_url,
     map_exception,
+    output_cap,
     parse_arguments,
 )
 from kiso.providers.base import (
@@ -112,8 +113,9 @@ class OpenAIResponsesAdapter(OpenAIBase):
             params["instructions"] = request.system
         if request.tools:
             params["tools"] = _tools(request.tools)
-        if self.max_output_tokens is not None:
-            params["max_output_tokens"] = self.max_output_tokens
+        cap = output_cap(self.max_output_tokens, request.max_output)
+        if cap is not None:
+            params["max_output_tokens"] = cap
         if self.reasoning_effort is not None:
             params["reasoning"] = {"effort": self.reasoning_effort, "summary": "auto"}
         return params

@@ -106,7 +106,7 @@ class Agent:
         if isinstance(window, Window):
             self.window = window
         else:
-            self.window = Window(self.adapter.model, explicit=window)
+            self.window = Window(self.adapter.model, explicit=window, explicit_source="agent")
         """The model's context window: explicit, the registry's, or learned from a refusal."""
         self.auto_compact = auto_compact
         """Whether context relief compacts on its own (docs/context.md); ``/compact`` always can."""

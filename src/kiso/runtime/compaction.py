@@ -38,7 +38,14 @@ from kiso.kernel.messages import AssistantMessage, ToolResultMessage, UserMessag
 from kiso.kernel.values import TextBlock, ToolCall
 from kiso.providers.base import ModelRequest, ProviderError, ToolSpec, TurnDone
 from kiso.runtime import stream as ev
-from kiso.runtime.context import Measure, measure, message_tokens, specs_tokens
+from kiso.runtime.context import (
+    Measure,
+    measure,
+    message_tokens,
+    parse_request_size,
+    parse_window,
+    specs_tokens,
+)
 from kiso.runtime.prompt import estimate_tokens
 from kiso.tools.base import AbortSignal, Effects
 
@@ -277,7 +284,9 @@ def _transcript(messages: Sequence[Message], budget_tokens: int) -> str:
                     lines.append(f"[assistant called {b.name}] {args}")
         elif isinstance(m, ToolResultMessage):
             lines.append(f"[{m.name} result] {_clip(m.content, 2000)}")
-    return _clip("\n".join(lines), max(budget_tokens, 64) * 4)
+    # At three bytes a token, not four: code and markdown tokenize denser than prose, and a
+    # transcript is only sent when the window is already tight.
+    return _clip("\n".join(lines), max(budget_tokens, 64) * 3)
 
 
 def summary_request(
@@ -289,24 +298,27 @@ def summary_request(
     turn: int,
     index: int,
     focus: str | None,
+    transcript: bool = False,
+    scale: float = 1.0,
 ) -> ModelRequest:
-    """The prefix and the instruction (or, when the prefix does not fit, a transcript)."""
+    """The prefix and the instruction (or, when the prefix does not fit or ``transcript`` is
+    asked for, the history as one clipped transcript)."""
     instruction = SUMMARY_INSTRUCTION + (f"\n\nFocus the summary on: {focus}" if focus else "")
-    reserve = min(4_000, window // 4)
+    reserve = min(4_000, window // 8)  # the summary's own output
     fixed = estimate_tokens(system or "") + estimate_tokens(instruction) + 16
     prefix = fixed + specs_tokens(specs) + sum(message_tokens(m) for m in messages)
     options = {"purpose": "summary", "summary_index": index}
-    if prefix + reserve <= window:
+    if not transcript and prefix + reserve <= window:
         ask = UserMessage((TextBlock(instruction),))
-        return ModelRequest(system, (*messages, ask), tuple(specs), turn, options)
-    room = window - fixed - reserve - 64
+        return ModelRequest(system, (*messages, ask), tuple(specs), turn, options, reserve)
+    room = int((window - fixed - reserve - 64) * scale)
     guard = (
         "The conversation so far is quoted between the markers below (as a transcript; some of "
         "it is shortened). Summarize it; do not continue it and do not call tools."
     )
     body = f"{guard}\n\n<<<conversation\n{_transcript(messages, room)}\nconversation>>>\n\n"
     ask = UserMessage((TextBlock(body + instruction),))
-    return ModelRequest(system, (ask,), (), turn, options)
+    return ModelRequest(system, (ask,), (), turn, {**options, "transcript": True}, reserve)
 
 
 async def _ask(session: Session, request: ModelRequest, abort: AbortSignal | None) -> TurnDone:
@@ -353,9 +365,9 @@ async def compact(
     keep_input: bool = False,
 ) -> AsyncIterator[ev.RunEvent]:
     """Summarize and commit one ``compacted`` event (yield ``compaction``), or yield
-    ``compaction_failed`` and write nothing. ``keep_input``: the open run's newest user input
-    stays a message of its own (a threshold never summarizes the request being answered; a
-    refusal may have to)."""
+    ``compaction_failed`` and write nothing. ``keep_input``: a user input the model has not
+    answered yet stays a message of its own (a threshold never summarizes away the request
+    about to be sent; a refusal may have to)."""
     agent = session.agent
     fold = session.fold
     window = agent.window.tokens
@@ -364,12 +376,15 @@ async def compact(
     specs = agent.tool_specs()
     size = _measure(session)
     edits = frozenset(n for n, t in agent.tools.items() if t.effects is Effects.EDIT)
+    keep = limits.keep
+    if trigger == "manual":  # asked for: relief even when the history is short of a tenth
+        keep = min(keep, sum(message_tokens(m) for m in fold.messages) // 4)
     cut = plan_cut(
         session.events,
         fold.messages,
         fold.anchors,
         covers=fold.covers,
-        keep=limits.keep,
+        keep=keep,
         window=window,
         edits=edits,
         below=_newest_input(session.events) if keep_input else None,
@@ -383,22 +398,39 @@ async def compact(
         )
         return
     index = sum(1 for e in session.events if isinstance(e, Compacted))
-    request = summary_request(
-        system=system,
-        messages=fold.messages,
-        specs=specs,
-        window=window,
-        turn=fold.turns,
-        index=index,
-        focus=focus,
-    )
-    why: str | None
+    why: str | None = None
     text = ""
-    try:
-        done = await _ask(session, request, abort)
+    transcript, scale = False, 1.0
+    for attempt in range(3):  # the prefix; a transcript; a smaller transcript
+        request = summary_request(
+            system=system,
+            messages=fold.messages,
+            specs=specs,
+            window=agent.window.tokens,
+            turn=fold.turns,
+            index=index,
+            focus=focus,
+            transcript=transcript,
+            scale=scale,
+        )
+        try:
+            done = await _ask(session, request, abort)
+        except ProviderError as exc:
+            why = f"the summary request failed: {exc.message}"
+            if exc.code != "context_overflow" or attempt == 2:
+                break
+            learned = parse_window(exc.message)
+            if learned is not None:
+                agent.window.learn(learned)
+            if request.options.get("transcript"):  # shrink it by what the endpoint counted
+                sent = parse_request_size(exc.message)
+                if sent is None:
+                    break
+                scale *= agent.window.tokens / sent * 0.85
+            transcript = True
+            continue
         why, text = check_summary(done.blocks)
-    except ProviderError as exc:
-        why = f"the summary request failed: {exc.message}"
+        break
     if why is not None:
         session.compaction_failures += 1
         if trigger == "auto" and session.compaction_failures >= MAX_FAILURES:
@@ -429,10 +461,11 @@ async def compact(
 
 
 def _newest_input(events: Sequence[Event]) -> int | None:
+    """The seq of a user input the model has not answered yet (it began this turn), if any."""
     for e in reversed(events):
         if isinstance(e, User):
             return e.seq
-        if isinstance(e, RunStarted):
+        if isinstance(e, Assistant | RunStarted):
             return None
     return None
 

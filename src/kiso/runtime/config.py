@@ -50,7 +50,7 @@ _PROFILE_KEYS = {
     "contextWindow": "a positive integer (tokens)",
     "effort": "an effort level the model accepts",
 }
-_TOP_KEYS = {"model", "models", "mode", "floor", "theme", "tasks", "subagents"}
+_TOP_KEYS = {"model", "models", "mode", "floor", "theme", "tasks", "subagents", "autoCompact"}
 _USER_ONLY = {"floor": "the catastrophe floor", "theme": "the terminal theme"}
 
 
@@ -102,6 +102,9 @@ class Config:
     subagents: bool = True
     """Whether the ``delegate`` tool is offered (``"subagents": {"enabled": false}`` turns it
     off)."""
+    auto_compact: bool = True
+    """Context relief on its own (``"autoCompact": false`` or ``KISO_AUTO_COMPACT=0`` turns it
+    off; ``/compact`` still works): docs/context.md."""
     subagent_checks: dict[str, str] = field(default_factory=dict)
     """``subagents.checks``: acceptance check name to command (project names override user)."""
     files: tuple[str, ...] = ()
@@ -223,6 +226,10 @@ def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, 
         out["tasks"] = data["tasks"]
     if "subagents" in data:
         out.update(_subagents(path, data["subagents"]))
+    if "autoCompact" in data:
+        if not isinstance(data["autoCompact"], bool):
+            raise ConfigError(f"{path}: autoCompact: must be true or false")
+        out["auto_compact"] = data["autoCompact"]
     return out
 
 
@@ -314,6 +321,11 @@ def load_config(
     if merged.get("mode", "default") not in MODES:
         raise ConfigError(f"mode {merged['mode']!r} is not one of {', '.join(MODES)}")
     override = mode or env.get("KISO_MODE") or None
+    flag = env.get("KISO_AUTO_COMPACT", "").strip().lower()
+    if flag:
+        if flag not in ("0", "1", "on", "off", "true", "false"):
+            raise ConfigError(f"KISO_AUTO_COMPACT={flag!r}: use 1/on/true or 0/off/false")
+        merged["auto_compact"] = flag in ("1", "on", "true")
     return Config(
         model=merged.get("model"),
         models=merged["models"],
@@ -323,6 +335,7 @@ def load_config(
         theme=merged.get("theme"),
         tasks=merged.get("tasks", False),
         subagents=merged.get("subagents", True),
+        auto_compact=merged.get("auto_compact", True),
         subagent_checks=merged.get("subagent_checks", {}),
         files=tuple(files),
         mode_source=mode_source,

@@ -44,6 +44,7 @@ __all__ = [
     "ledger",
     "measure",
     "message_tokens",
+    "parse_request_size",
     "parse_window",
 ]
 
@@ -54,11 +55,14 @@ LEARNED_FILE = "learned-windows.json"
 class WindowInfo:
     tokens: int
     source: str
-    """``profile``, ``registry``, ``default`` (nothing known: assumed) or ``learned``."""
+    """``profile``, ``KISO_CONTEXT_WINDOW``, ``agent``, ``registry``, ``default`` (nothing
+    known: assumed) or ``learned``."""
 
     def describe(self) -> str:
         said = {
             "profile": "the profile's contextWindow",
+            "KISO_CONTEXT_WINDOW": "set by KISO_CONTEXT_WINDOW",
+            "agent": "given to the Agent",
             "registry": "kiso's model registry",
             "default": "assumed: the model is not in the registry",
             "learned": "learned from the endpoint's refusal",
@@ -76,9 +80,11 @@ class Window:
         explicit: int | None = None,
         key: str | None = None,
         learned_file: Path | None = None,
+        explicit_source: str = "profile",
     ) -> None:
         self.model = model
         self.explicit = explicit
+        self.explicit_source = explicit_source
         self.key = key or model
         self.learned_file = learned_file
         self._learned: int | None = None
@@ -90,7 +96,7 @@ class Window:
 
     def base(self) -> WindowInfo:
         if self.explicit:
-            return WindowInfo(self.explicit, "profile")
+            return WindowInfo(self.explicit, self.explicit_source)
         row = lookup(self.model)
         if row is DEFAULT:
             return WindowInfo(DEFAULT.context_window, "default")
@@ -137,6 +143,26 @@ def parse_window(message: str) -> int | None:
             value = int(found.group(1))
             if value > 0:
                 return value
+    return None
+
+
+_SIZE_PATTERNS = (
+    re.compile(r"request \((\d+) tokens\)", re.I),  # llama.cpp
+    re.compile(r"\((\d+) prompt tokens", re.I),  # our own note on llama.cpp's n_prompt_tokens
+    re.compile(r"you requested (\d+) tokens", re.I),  # vLLM, OpenAI
+    re.compile(r"resulted in (\d+) tokens", re.I),  # OpenAI
+    re.compile(r"(\d+) tokens > \d+ maximum", re.I),  # Anthropic
+    re.compile(r"prompt \(length (\d+)\)", re.I),  # vLLM
+    re.compile(r"prompt length of (\d+)", re.I),  # vLLM
+)
+
+
+def parse_request_size(message: str) -> int | None:
+    """The size of the refused request, in the endpoint's own tokens, if its refusal says."""
+    for pattern in _SIZE_PATTERNS:
+        found = pattern.search(message)
+        if found and int(found.group(1)) > 0:
+            return int(found.group(1))
     return None
 
 

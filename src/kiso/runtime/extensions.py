@@ -167,6 +167,14 @@ class ExtensionSet:
             return base
         return "\n\n".join([*([base.rstrip()] if base else []), *extra])
 
+    def appends(self) -> dict[str, str]:
+        """Each extension's ``system_prompt_append`` by name (the rent ledger shows each)."""
+        return {
+            f"{x.extension.name}": x.extension.system_prompt_append.strip()
+            for x in self.loaded
+            if x.extension.system_prompt_append and x.extension.system_prompt_append.strip()
+        }
+
     def notices(self) -> list[str]:
         """``extensions: safe-defaults (user), audit (project)``, then each shadowing."""
         if not self.loaded:

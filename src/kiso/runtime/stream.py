@@ -305,6 +305,17 @@ class Compaction:
             "estimated": self.estimated,
         }
 
+    def describe(self) -> str:
+        """``⟳ compacted (auto): 12 messages → a summary · ~61,200 → ~9,800 tokens …``."""
+        c = self.event
+        before = f"~{c.tokens_before:,}" if c.tokens_before is not None else "?"
+        after = f"~{c.tokens_after:,}" if c.tokens_after is not None else "?"
+        said = " (estimated)" if self.estimated else ""
+        return (
+            f"⟳ compacted ({c.trigger}): {self.covered} messages → a summary · {before} → "
+            f"{after} tokens{said} · the log keeps every event"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class CompactionFailed:
@@ -326,6 +337,17 @@ class CompactionFailed:
             "failures": self.failures,
             "disabled": self.disabled,
         }
+
+    def describe(self) -> str:
+        if not self.counted:
+            return f"nothing compacted: {self.reason}"
+        line = f"⚠ the summary was not kept ({self.reason}); nothing was written"
+        if self.disabled:
+            line += (
+                f" · {self.failures} failures in a row: auto-compaction is off for this "
+                f"session (/compact tries again)"
+            )
+        return line
 
 
 RunEvent: TypeAlias = (
