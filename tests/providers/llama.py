@@ -29,6 +29,10 @@ p.cpuparams_batch.n_threads = 2
 p.hostnames = ["127.0.0.1"]
 p.port = int(sys.argv[2])
 p.use_jinja = True
+if sys.argv[4] != "-":  # greedy decoding: the same answer every run
+    p.sampling.temp = 0.0
+    p.sampling.seed = 1
+    p.sampling.penalty_repeat = float(sys.argv[4])
 server = xlc.Server(p)
 print("READY", flush=True)
 sys.stdin.read()
@@ -53,12 +57,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def llama_server(n_ctx: int = 4096) -> Iterator[str]:
+def llama_server(n_ctx: int = 4096, *, repeat_penalty: float | None = None) -> Iterator[str]:
     """Yield the server's base URL (``http://127.0.0.1:<port>``) once it answers; ``n_ctx``: its
-    context size in tokens."""
+    context size in tokens; ``repeat_penalty``: decode greedily (temperature 0, a fixed seed)
+    with that repetition penalty, so a test sees the same answer every run."""
     port = _free_port()
+    sampling = "-" if repeat_penalty is None else str(repeat_penalty)
     with subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(model_path()), str(port), str(n_ctx)],
+        [sys.executable, "-c", SERVER, str(model_path()), str(port), str(n_ctx), sampling],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kiso.kernel import Assistant, Compacted, JsonlSessionStore, RunEnded, User
 
 from .llama import ROOT, llama_server
@@ -55,6 +57,7 @@ def relief(stream_json: str) -> str:
     return "\n".join(json.dumps(line) for line in lines if line.get("type") in kinds)
 
 
+@pytest.mark.timeout(420)  # a real model on two cores: minutes when it talks at length
 def test_a_prompt_bigger_than_the_endpoints_context_is_relieved_and_the_session_goes_on(
     tmp_path: Path,
 ) -> None:
@@ -64,7 +67,7 @@ def test_a_prompt_bigger_than_the_endpoints_context_is_relieved_and_the_session_
     system_file = tmp_path / "system.txt"
     system_file.write_text(SYSTEM, encoding="utf-8")
     prompt = "Summarize this document in one sentence.\n\n" + real_text(16_000)
-    with llama_server(n_ctx=N_CTX) as url:
+    with llama_server(n_ctx=N_CTX, repeat_penalty=1.3) as url:
         profile = {"kind": "openai-compat", "model": "smollm", "baseUrl": f"{url}/v1"}
         config = {"model": "local", "models": {"local": profile}}
         (home / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -74,12 +77,21 @@ def test_a_prompt_bigger_than_the_endpoints_context_is_relieved_and_the_session_
         )  # fmt: skip
         learned = json.loads((home / "learned-windows.json").read_text(encoding="utf-8"))
         assert learned == {f"openai-compat {url} smollm": N_CTX}  # the refusal was learned
-        assert first.returncode == 0, relief(first.stdout)
+        assert first.returncode in (0, 1), relief(first.stdout)
         resumed = kiso(ws, home, "resume", "stuck", "hi")
-        assert resumed.returncode == 0, resumed.stderr
     log = JsonlSessionStore(home).load("stuck").events
-    (compacted,) = [e for e in log if isinstance(e, Compacted)]
+    # The refusal's compaction; a second one is right too when the first answer ran to the
+    # window's end (the resume's request is then past 80% of it).
+    compacted, *more = [e for e in log if isinstance(e, Compacted)]
     assert compacted.trigger == "auto" and compacted.summary.strip()
-    assert [e.outcome.kind for e in log if isinstance(e, RunEnded)] == ["completed", "completed"]
+    assert all(c.trigger == "auto" for c in more) and len(more) <= 1
+    # The endpoint accepted the request after the compaction, and the one after the resume: each
+    # run has a committed model turn, and neither ended refused. Whether a 135M model stops on its
+    # own or runs into its output limit is the model's business ("max_tokens"), not the relief's.
+    ended = [e.outcome for e in log if isinstance(e, RunEnded)]
+    assert len(ended) == 2, relief(first.stdout)
+    assert all(o.kind == "completed" or o.code == "max_tokens" for o in ended), ended
+    assert resumed.returncode == (0 if ended[1].kind == "completed" else 1), resumed.stderr
+    turns = [e for e in log if isinstance(e, Assistant)]
+    assert len(turns) == 2 and turns[0].seq > compacted.seq
     assert [e.text for e in log if isinstance(e, User)][-1] == "hi"
-    assert len([e for e in log if isinstance(e, Assistant)]) >= 2
