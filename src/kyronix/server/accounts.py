@@ -38,6 +38,7 @@ __all__ = [
     "list_keys",
     "load_secret",
     "lookup_key",
+    "rename_project",
     "revoke_key",
 ]
 
@@ -118,6 +119,22 @@ def create_project(conn: Connection, name: str, initial_credits: int) -> Project
     if initial_credits:
         billing.grant(conn, pid, initial_credits, note="project created")
     return Project(pid, name, at, initial_credits)
+
+
+def rename_project(conn: Connection, project_id: str, name: str) -> Project | None:
+    """Give the project a new name (the rules of :func:`create_project`); None: no project."""
+    if not PROJECT_NAME.fullmatch(name):
+        raise KyronixUsageError(
+            f"invalid project name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit"
+        )
+    taken = conn.execute(
+        select(projects.c.id).where((projects.c.name == name) & (projects.c.id != project_id))
+    ).first()
+    if taken:
+        raise KyronixUsageError(f"a project named {name!r} already exists")
+    conn.execute(update(projects).where(projects.c.id == project_id).values(name=name))
+    return get_project(conn, project_id)
 
 
 def find_project(conn: Connection, ref: str) -> Project | None:

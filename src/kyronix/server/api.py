@@ -35,15 +35,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import Connection, select
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from kiso.kernel import SessionNotFoundError
-from kyronix.server import accounts, billing
+from kyronix.server import accounts, billing, custom_agents
 from kyronix.server.agents import AGENTS, builtin_persona
 from kyronix.server.app import AppState
 from kyronix.server.config import to_credits
-from kyronix.server.db import custom_agents, now_ms, sessions
+from kyronix.server.db import now_ms, sessions
 from kyronix.server.errors import ApiError, not_found
 from kyronix.server.ratelimit import retry_after
 from kyronix.server.runs import RunHandle, RunRequest, chat_of, request_hash
@@ -61,7 +61,6 @@ from kyronix.server.schemas import (
     CustomAgentDeleted,
     CustomAgentPatch,
     CustomRunBody,
-    CustomTool,
     ErrorResponse,
     RunBody,
     RunResult,
@@ -433,19 +432,6 @@ def _sse(handle: RunHandle, last_event_id: str | None) -> EventSourceResponse:
 # --------------------------------------------------------------------------- custom agents
 
 
-def _agent_out(row: Any) -> CustomAgent:
-    return CustomAgent(
-        id=row.id,
-        name=row.name,
-        description=row.description,
-        tools=[CustomTool(**t) for t in json.loads(row.tools)],
-    )
-
-
-def _tools_json(tools: list[CustomTool]) -> str:
-    return json.dumps([t.model_dump() for t in tools])
-
-
 @router.get(
     "/customagents",
     response_model=list[CustomAgent],
@@ -454,17 +440,9 @@ def _tools_json(tools: list[CustomTool]) -> str:
 )
 async def list_custom(request: Request, who: Auth) -> list[CustomAgent]:
     state = _state(request)
-
-    def load(conn: Connection) -> list[Any]:
-        return list(
-            conn.execute(
-                select(custom_agents)
-                .where(custom_agents.c.project_id == who.project_id)
-                .order_by(custom_agents.c.created_at, custom_agents.c.id)
-            )
-        )
-
-    return [_agent_out(r) for r in await asyncio.to_thread(state.db.read, load)]
+    return await asyncio.to_thread(
+        state.db.read, lambda c: custom_agents.list_agents(c, who.project_id)
+    )
 
 
 @router.post(
@@ -476,37 +454,22 @@ async def list_custom(request: Request, who: Auth) -> list[CustomAgent]:
 )
 async def create_custom(request: Request, body: CustomAgentCreate, who: Auth) -> CustomAgent:
     state = _state(request)
-    agent_id = hashlib.sha256(f"{who.project_id}:{secrets.token_hex(16)}".encode()).hexdigest()
-    at = now_ms()
-
-    def tx(conn: Connection) -> Any:
-        conn.execute(
-            custom_agents.insert().values(
-                id=agent_id,
-                project_id=who.project_id,
-                name=body.name,
-                description=body.description,
-                tools=_tools_json(body.tools),
-                created_at=at,
-                updated_at=at,
-            )
-        )
-        return conn.execute(select(custom_agents).where(custom_agents.c.id == agent_id)).one()
-
-    return _agent_out(await asyncio.to_thread(state.db.write, tx))
+    return await asyncio.to_thread(
+        state.db.write, lambda c: custom_agents.create_agent(c, who.project_id, body)
+    )
 
 
 AgentIdPath = Annotated[str, Path(pattern=CUSTOM_AGENT_ID)]
 
 
+def _agent_not_found(agent_id: str) -> ApiError:
+    return ApiError(404, "agent_not_found", f"no custom agent {agent_id!r} in this project")
+
+
 def _owned(conn: Connection, project_id: str, agent_id: str) -> Any:
-    row = conn.execute(
-        select(custom_agents).where(
-            (custom_agents.c.id == agent_id) & (custom_agents.c.project_id == project_id)
-        )
-    ).first()
+    row = custom_agents.find_agent(conn, project_id, agent_id)
     if row is None:
-        raise ApiError(404, "agent_not_found", f"no custom agent {agent_id!r} in this project")
+        raise _agent_not_found(agent_id)
     return row
 
 
@@ -519,7 +482,7 @@ def _owned(conn: Connection, project_id: str, agent_id: str) -> Any:
 async def get_custom(request: Request, agent_id: AgentIdPath, who: Auth) -> CustomAgent:
     state = _state(request)
     row = await asyncio.to_thread(state.db.read, lambda c: _owned(c, who.project_id, agent_id))
-    return _agent_out(row)
+    return custom_agents.agent_out(row)
 
 
 @router.patch(
@@ -532,25 +495,12 @@ async def patch_custom(
     request: Request, agent_id: AgentIdPath, body: CustomAgentPatch, who: Auth
 ) -> CustomAgent:
     state = _state(request)
-    changes: dict[str, Any] = {}
-    if body.name is not None:
-        changes["name"] = body.name
-    if body.description is not None:
-        changes["description"] = body.description
-    if body.tools is not None:
-        changes["tools"] = _tools_json(body.tools)
-
-    def tx(conn: Connection) -> Any:
-        _owned(conn, who.project_id, agent_id)
-        if changes:
-            conn.execute(
-                update(custom_agents)
-                .where(custom_agents.c.id == agent_id)
-                .values(**changes, updated_at=now_ms())
-            )
-        return conn.execute(select(custom_agents).where(custom_agents.c.id == agent_id)).one()
-
-    return _agent_out(await asyncio.to_thread(state.db.write, tx))
+    agent = await asyncio.to_thread(
+        state.db.write, lambda c: custom_agents.update_agent(c, who.project_id, agent_id, body)
+    )
+    if agent is None:
+        raise _agent_not_found(agent_id)
+    return agent
 
 
 @router.delete(
@@ -561,12 +511,11 @@ async def patch_custom(
 )
 async def delete_custom(request: Request, agent_id: AgentIdPath, who: Auth) -> CustomAgentDeleted:
     state = _state(request)
-
-    def tx(conn: Connection) -> None:
-        _owned(conn, who.project_id, agent_id)
-        conn.execute(delete(custom_agents).where(custom_agents.c.id == agent_id))
-
-    await asyncio.to_thread(state.db.write, tx)
+    deleted = await asyncio.to_thread(
+        state.db.write, lambda c: custom_agents.delete_agent(c, who.project_id, agent_id)
+    )
+    if not deleted:
+        raise _agent_not_found(agent_id)
     return CustomAgentDeleted(id=agent_id, deleted=True)
 
 

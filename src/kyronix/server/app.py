@@ -24,7 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kiso.kernel import SessionStore
@@ -168,6 +168,13 @@ def _guards(app: ASGIApp, state_of: Callable[[], AppState | None], max_body: int
     return guarded
 
 
+_PAGES = ("/dashboard", "/signin", "/api/auth")
+
+
+def _is_page(path: str) -> bool:
+    return path.startswith(_PAGES)
+
+
 def create_app(
     config: ServerConfig,
     *,
@@ -252,18 +259,32 @@ def create_app(
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        if _is_page(request.url.path):  # a browser's page: an HTML page, not a JSON body
+            from kyronix.server.dashboard.web import error_page
+
+            titles = {404: "Not found", 405: "Not allowed"}
+            title = titles.get(exc.status_code, "Refused")
+            said = "there is no such page" if exc.status_code == 404 else str(exc.detail)
+            return error_page(request, exc.status_code, title, said)
         codes = {404: "not_found", 405: "method_not_allowed"}
         code = codes.get(exc.status_code, "http_error")
         message = str(exc.detail) if exc.detail else code
         return _json(exc.status_code, error_body(code, message), dict(exc.headers or {}))
 
     @app.exception_handler(Exception)
-    async def _bug(_request: Request, exc: Exception) -> JSONResponse:
+    async def _bug(request: Request, exc: Exception) -> Response:
         log.error("unexpected %s while serving a request", type(exc).__name__)
+        if _is_page(request.url.path):
+            from kyronix.server.dashboard.web import error_page
+
+            return error_page(request, 500, "Something failed", "the server failed; a bug")
         return _json(500, error_body("internal_error", "the server failed; this is a bug"))
 
     api.install(app)
+    from kyronix.server import dashboard
+
+    dashboard.install(app, state)
     app.add_api_websocket_route("/ws", tunnel.websocket_endpoint)
     if config.cors:
         from fastapi.middleware.cors import CORSMiddleware

@@ -1,4 +1,4 @@
-"""The server's commands: ``serve``, ``projects``, ``keys``, ``credits``.
+"""The server's commands: ``serve``, ``projects``, ``users``, ``keys``, ``credits``.
 
 FastAPI, SQLAlchemy and uvicorn are imported inside the command bodies, so ``kyronix --help``
 stays fast. The bootstrap commands write the same database a running server uses (SQLite
@@ -94,7 +94,10 @@ def add_commands(group: click.Group) -> None:
             def announce(url: str) -> None:
                 click.echo(f"kyronix: serving on {url} (home {config.home})", err=True)
 
-            serve(config, host, port, announce=announce)
+            def announce_signin(link: str) -> None:
+                click.echo(f"kyronix: sign in to the dashboard: {link}", err=True)
+
+            serve(config, host, port, announce=announce, announce_signin=announce_signin)
         except KyronixError as exc:
             raise click.ClickException(str(exc)) from None
 
@@ -132,6 +135,69 @@ def add_commands(group: click.Group) -> None:
 
         for p in _with_db(db_url, lambda c, _cfg: list_projects(c), write=False):
             click.echo(f"{p.id}\t{p.name}\t{_credits(p.credits)} credits")
+
+    @group.group("users", context_settings=_CTX)
+    def users_group() -> None:
+        """The dashboard's users: invite one with a one-time sign-in link, list them."""
+
+    @users_group.command("invite", context_settings=_CTX)
+    @click.argument("login", metavar="LOGIN")
+    @click.option(
+        "--url",
+        "base_url",
+        default=None,
+        metavar="BASE",
+        help="Where browsers reach the server (default: KYRONIX_PUBLIC_URL, else "
+        "http://127.0.0.1:8080).",
+    )
+    @_db_option
+    def users_invite(login: str, base_url: str | None, db_url: str | None) -> None:
+        """Print a one-time sign-in link for LOGIN (made a user on first use); it lasts a day."""
+        from datetime import UTC, datetime
+
+        from kyronix.server.accounts import load_secret
+        from kyronix.server.users import create_link
+
+        if base_url is not None and not base_url.startswith(("http://", "https://")):
+            raise click.BadParameter("must be an http(s) URL", param_hint="--url")
+
+        def tx(conn: Any, config: Any) -> tuple[str, int, str]:
+            secret = load_secret(config.home, config.key_secret)
+            token, expires = create_link(conn, secret, login=login, purpose="invite")
+            return token, expires, base_url or config.public_url or "http://127.0.0.1:8080"
+
+        token, expires, base = _with_db(db_url, tx)
+        click.echo(f"{base.rstrip('/')}/signin/{token}")
+        until = datetime.fromtimestamp(expires / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        click.echo(
+            f"a one-time sign-in link for {login}: it works once, until {until}; send it over a "
+            f"private channel",
+            err=True,
+        )
+
+    @users_group.command("list", context_settings=_CTX)
+    @_db_option
+    def users_list(db_url: str | None) -> None:
+        """List the dashboard's users: login, how they sign in, created, their projects."""
+        from datetime import UTC, datetime
+
+        from sqlalchemy import select
+
+        from kyronix.server.db import users
+        from kyronix.server.users import projects_of
+
+        def read(conn: Any, _cfg: Any) -> list[tuple[Any, list[Any]]]:
+            rows = conn.execute(select(users).order_by(users.c.created_at, users.c.id))
+            return [(r, projects_of(conn, r.id)) for r in rows]
+
+        found = _with_db(db_url, read, write=False)
+        if not found:
+            click.echo("no users yet; `kyronix users invite NAME` makes a sign-in link", err=True)
+        for row, projects in found:
+            how = f"github:{row.github_id}" if row.github_id else "link"
+            made = datetime.fromtimestamp(row.created_at / 1000, UTC).strftime("%Y-%m-%d %H:%M")
+            names = ",".join(p.name for p in projects) or "-"
+            click.echo(f"{row.login}\t{how}\t{made}\t{names}")
 
     @group.group("keys", context_settings=_CTX)
     def keys_group() -> None:

@@ -16,8 +16,10 @@ State lives in ``$KYRONIX_HOME`` (default ``~/.kyronix``, created 0700):
 Environment variables override the file: ``KYRONIX_MODEL`` (a profile name or
 ``provider/model``), ``KYRONIX_MULTIPLIER``, ``KYRONIX_RATE_LIMIT`` (requests per minute per key),
 ``KYRONIX_RATE_BURST``, ``KYRONIX_CORS`` (comma-separated origins), ``KYRONIX_SCRIPTED_DELAY_MS``,
-``KYRONIX_DRAIN_TIMEOUT``, ``KYRONIX_KEY_SECRET``. Credits are kept as integer millicredits
-inside; the API shows credits as numbers (``99.5``).
+``KYRONIX_DRAIN_TIMEOUT``, ``KYRONIX_KEY_SECRET``; the dashboard's sign-in:
+``KYRONIX_GITHUB_CLIENT_ID``, ``KYRONIX_GITHUB_CLIENT_SECRET``, ``KYRONIX_GITHUB_URL``,
+``KYRONIX_GITHUB_API_URL``, ``KYRONIX_PUBLIC_URL`` (docs/dashboard.md). Credits are kept as
+integer millicredits inside; the API shows credits as numbers (``99.5``).
 """
 
 from __future__ import annotations
@@ -88,6 +90,28 @@ class ServerConfig:
     """``KYRONIX_MODEL``: a profile of config.json or ``provider/model``; None: config.json's."""
     sweep_interval: float = 60.0
     key_secret: bytes | None = field(default=None, repr=False)
+    github_client_id: str | None = None
+    """``KYRONIX_GITHUB_CLIENT_ID``: with the secret, the dashboard signs in with GitHub."""
+    github_client_secret: str | None = field(default=None, repr=False)
+    github_url: str = "https://github.com"
+    """``KYRONIX_GITHUB_URL``: GitHub's web origin (GitHub Enterprise's, or a test's fake)."""
+    github_api_url: str | None = None
+    """``KYRONIX_GITHUB_API_URL``; None: ``https://api.github.com`` for github.com, else
+    ``<github_url>/api/v3`` (GitHub Enterprise's)."""
+    public_url: str | None = None
+    """``KYRONIX_PUBLIC_URL``: where browsers reach this server (sign-in links, the OAuth
+    callback, ``Secure`` cookies when it is https); None: the address it serves on."""
+
+    @property
+    def github_enabled(self) -> bool:
+        return bool(self.github_client_id and self.github_client_secret)
+
+    @property
+    def github_api(self) -> str:
+        if self.github_api_url:
+            return self.github_api_url.rstrip("/")
+        base = self.github_url.rstrip("/")
+        return "https://api.github.com" if base == "https://github.com" else f"{base}/api/v3"
 
     @property
     def database_url(self) -> str:
@@ -238,4 +262,18 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         out["cors"] = tuple(o.strip() for o in env["KYRONIX_CORS"].split(",") if o.strip())
     if env.get("KYRONIX_KEY_SECRET"):
         out["key_secret"] = env["KYRONIX_KEY_SECRET"].encode()
+    if env.get("KYRONIX_GITHUB_CLIENT_ID"):
+        out["github_client_id"] = env["KYRONIX_GITHUB_CLIENT_ID"].strip()
+    if env.get("KYRONIX_GITHUB_CLIENT_SECRET"):
+        out["github_client_secret"] = env["KYRONIX_GITHUB_CLIENT_SECRET"].strip()
+    for name, key in (
+        ("KYRONIX_GITHUB_URL", "github_url"),
+        ("KYRONIX_GITHUB_API_URL", "github_api_url"),
+        ("KYRONIX_PUBLIC_URL", "public_url"),
+    ):
+        raw = env.get(name, "").strip()
+        if raw:
+            if not raw.startswith(("http://", "https://")):
+                raise KyronixUsageError(f"${name}: must be an http(s) URL, got {raw!r}")
+            out[key] = raw.rstrip("/")
     return out

@@ -39,11 +39,14 @@ __all__ = [
     "executions",
     "holds",
     "ledger",
+    "memberships",
     "metadata",
     "now_ms",
     "projects",
     "runs",
     "sessions",
+    "signin_links",
+    "users",
 ]
 
 T = TypeVar("T")
@@ -162,6 +165,42 @@ custom_agents = Table(
     Column("created_at", Integer, nullable=False),
     Column("updated_at", Integer, nullable=False),
     Index("kx_custom_agents_project", "project_id"),
+)
+
+
+users = Table(
+    "kx_users",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("github_id", String(64), unique=True),  # None: signed in by a one-time link only
+    Column("login", String(128), nullable=False),
+    Column("name", String(255)),
+    Column("created_at", Integer, nullable=False),
+    Column("last_seen_at", Integer),
+)
+
+memberships = Table(
+    "kx_memberships",
+    metadata,
+    Column("user_id", String(64), ForeignKey("kx_users.id"), primary_key=True),
+    Column("project_id", String(64), ForeignKey("kx_projects.id"), primary_key=True),
+    Column("role", String(16), nullable=False),  # owner
+    Column("created_at", Integer, nullable=False),
+    Index("kx_memberships_project", "project_id"),
+)
+"""Which projects a dashboard user may see: a user sees only these."""
+
+signin_links = Table(
+    "kx_signin_links",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("hash", String(128), nullable=False, unique=True),  # HMAC of the token, never it
+    Column("user_id", String(64), ForeignKey("kx_users.id")),  # None: the user it will create
+    Column("login", String(128), nullable=False),
+    Column("purpose", String(16), nullable=False),  # owner | invite
+    Column("created_at", Integer, nullable=False),
+    Column("expires_at", Integer, nullable=False),
+    Column("used_at", Integer),  # set once: a link signs in once
 )
 
 

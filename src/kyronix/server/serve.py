@@ -51,7 +51,29 @@ def _lock(home: Path) -> int:
     return fd
 
 
-def serve(config: ServerConfig, host: str, port: int, *, announce: Any = None) -> None:
+async def _owner_link(state: Any, base: str) -> str:
+    """A fresh one-time sign-in link for the server's owner (the user ``owner``)."""
+    import asyncio
+
+    from kyronix.server.users import create_link
+
+    token, _ = await asyncio.to_thread(
+        state.db.write, lambda conn: create_link(conn, state.secret, login="owner", purpose="owner")
+    )
+    return f"{base.rstrip('/')}/signin/{token}"
+
+
+def serve(
+    config: ServerConfig,
+    host: str,
+    port: int,
+    *,
+    announce: Any = None,
+    announce_signin: Any = None,
+) -> None:
+    """Serve until SIGTERM. Once listening: ``announce(url)``; then, when the dashboard does not
+    sign in with GitHub, ``announce_signin(link)`` with a fresh one-time owner link
+    (``<public_url or url>/signin/kxs_…``)."""
     import uvicorn
 
     from kyronix.server.app import create_app
@@ -89,7 +111,15 @@ def serve(config: ServerConfig, host: str, port: int, *, announce: Any = None) -
                 for srv in server.servers:
                     for sock in srv.sockets:
                         bound = sock.getsockname()
-                        announce(f"http://{host}:{bound[1]}")
+                        url = f"http://{host}:{bound[1]}"
+                        announce(url)
+                        if announce_signin is not None and not config.github_enabled:
+                            try:
+                                link = await _owner_link(state, config.public_url or url)
+                            except Exception as exc:  # the API serves on without the dashboard
+                                log.error("no owner sign-in link: %s", type(exc).__name__)
+                            else:
+                                announce_signin(link)
                         return
 
             server.startup = startup  # type: ignore[method-assign]
