@@ -500,3 +500,29 @@ def test_a_requests_output_cap_reaches_the_wire() -> None:
     claude = AnthropicAdapter(model="claude-sonnet-4-5", api_key="k", max_output_tokens=8192)
     assert claude.params(ask)["max_tokens"] == 500
     assert claude.params(ModelRequest("s", ask.messages))["max_tokens"] == 8192
+
+
+def test_measuring_every_round_costs_the_new_messages_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Context relief measures the request at every round's head; the count of messages it
+    estimates grows with the rounds (n), not with the rounds squared (4n rounds: ~4x, not 16x)."""
+    from kiso.runtime import context
+
+    counted = [0]
+    real = context.message_tokens
+
+    def counting(message: Any) -> int:
+        counted[0] += 1
+        return real(message)
+
+    monkeypatch.setattr(context, "message_tokens", counting)
+    per_run = []
+    for n in (50, 200):
+        counted[0] = 0
+        turns = [*peeks(n, "look"), {"text": "ok"}]
+        a, _ = agent(tmp_path / f"n{n}", turns, window=10_000_000, max_turns=1000)
+        run(a, "look around", sid=f"n{n}")
+        per_run.append(counted[0])
+    assert per_run[0] >= 100  # it did measure, every round
+    assert per_run[1] < per_run[0] * 6, per_run  # linear: 4x the rounds, about 4x the work

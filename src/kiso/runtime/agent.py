@@ -167,6 +167,13 @@ class Agent:
     def tool_specs(self) -> list[ToolSpec]:
         return list(self._specs)
 
+    @cached_property
+    def specs_tokens(self) -> int:
+        """The tool schemas' estimated size in tokens (what they cost every request)."""
+        from kiso.runtime.context import specs_tokens
+
+        return specs_tokens(self._specs)
+
     def offer(self, call: ToolCall) -> Offer:
         """What an approval of ``call`` may offer: the one place that decides it."""
         from kiso.runtime.offers import approval_offer

@@ -477,7 +477,8 @@ def _measure(session: Session) -> Measure:
         fold.messages,
         fold.anchors,
         system=session.system_prompt,
-        specs=session.agent.tool_specs(),
+        specs=session.agent.specs_tokens,
+        sizes=session.message_sizes,
     )
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "LEARNED_FILE",
     "Ledger",
     "Measure",
+    "MessageSizes",
     "Window",
     "WindowInfo",
     "ledger",
@@ -88,6 +89,7 @@ class Window:
         self.key = key or model
         self.learned_file = learned_file
         self._learned: int | None = None
+        self._base: WindowInfo | None = None
         self._lock = threading.Lock()
         if learned_file is not None:
             value = _read_learned(learned_file).get(self.key)
@@ -95,12 +97,16 @@ class Window:
                 self._learned = value
 
     def base(self) -> WindowInfo:
-        if self.explicit:
-            return WindowInfo(self.explicit, self.explicit_source)
-        row = lookup(self.model)
-        if row is DEFAULT:
-            return WindowInfo(DEFAULT.context_window, "default")
-        return WindowInfo(row.context_window, "registry")
+        found = self._base
+        if found is None:
+            if self.explicit:
+                found = WindowInfo(self.explicit, self.explicit_source)
+            elif (row := lookup(self.model)) is DEFAULT:
+                found = WindowInfo(DEFAULT.context_window, "default")
+            else:
+                found = WindowInfo(row.context_window, "registry")
+            self._base = found
+        return found
 
     def current(self) -> WindowInfo:
         base = self.base()
@@ -236,36 +242,65 @@ class Measure:
         return f"~{self.tokens:,} tokens" + (" (estimated)" if self.estimated else "")
 
 
+class MessageSizes:
+    """The estimated size of a projection, kept as it grows: a message already counted is not
+    counted again (the projection only grows at its end, until a compaction rebuilds it), so
+    measuring every round costs the new messages only, not the whole history."""
+
+    __slots__ = ("_count", "_first", "_last", "_total")
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._total = 0
+        self._first: Message | None = None
+        self._last: Message | None = None
+
+    def total(self, messages: Sequence[Message]) -> int:
+        n = self._count
+        if n > len(messages) or (
+            n and (messages[0] is not self._first or messages[n - 1] is not self._last)
+        ):
+            n = self._count = self._total = 0  # rebuilt (a compaction): count it again
+        if len(messages) > n:
+            self._total += sum(message_tokens(m) for m in messages[n:])
+            self._count = len(messages)
+            self._first, self._last = messages[0], messages[-1]
+        return self._total
+
+
 def measure(
     events: Sequence[Event],
     messages: Sequence[Message],
     anchors: Sequence[int],
     *,
     system: str | None,
-    specs: Sequence[ToolSpec],
+    specs: Sequence[ToolSpec] | int,
+    sizes: MessageSizes | None = None,
 ) -> Measure:
-    """The size of the next request: the last counted request plus what came after it."""
-    counted: Assistant | None = None
+    """The size of the next request: the provider's count of the last request plus what came
+    after it; or, when the last turn carries no count, an estimate of the whole of it. Costs the
+    messages since the last turn (and, estimating, the new ones: ``sizes`` remembers the rest).
+    ``specs``: the tool schemas, or their estimated size."""
+    last: Assistant | None = None
     for e in reversed(events):
         if isinstance(e, Compacted):
-            break  # the history that count measured is no longer what is sent
-        if isinstance(e, Assistant) and (
-            e.usage.input is not None or e.usage.cache_read is not None
-        ):
-            counted = e
+            break  # the history a count measured is no longer what is sent
+        if isinstance(e, Assistant):
+            last = e
             break
-    if counted is None:
-        total = estimate_tokens(system or "") + specs_tokens(specs)
-        total += sum(message_tokens(m) for m in messages)
-        return Measure(total, True)
-    u = counted.usage
-    base = (u.input or 0) + (u.cache_read or 0) + (u.cache_write or 0) + (u.output or 0)
-    after = sum(
-        message_tokens(m)
-        for m, a in zip(messages, anchors, strict=True)
-        if a > counted.seq or (a == counted.seq and isinstance(m, ToolResultMessage))
-    )
-    return Measure(base + after, False, base)
+    if last is not None and (last.usage.input is not None or last.usage.cache_read is not None):
+        u = last.usage
+        base = (u.input or 0) + (u.cache_read or 0) + (u.cache_write or 0) + (u.output or 0)
+        after = 0
+        for m, a in zip(reversed(messages), reversed(anchors), strict=True):
+            if a > last.seq or (a == last.seq and isinstance(m, ToolResultMessage)):
+                after += message_tokens(m)
+            else:
+                break
+        return Measure(base + after, False, base)
+    schemas = specs if isinstance(specs, int) else specs_tokens(specs)
+    history = sizes.total(messages) if sizes is not None else sum(map(message_tokens, messages))
+    return Measure(estimate_tokens(system or "") + schemas + history, True)
 
 
 # ------------------------------------------------------------------------------ the ledger

@@ -91,6 +91,10 @@ class Session:
         """Summaries rejected (or failed) in a row; nothing of them is on disk."""
         self.auto_compact_off = False
         """Auto-compaction stopped after three failures in a row (``/compact`` still works)."""
+        from kiso.runtime.context import MessageSizes
+
+        self.message_sizes = MessageSizes()
+        """The projection's estimated size, kept as it grows (context relief measures it)."""
         if mode is not None:
             self.set_mode(mode)
         if system_prompt is not None and system_prompt != self._fold.system_prompt:
