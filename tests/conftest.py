@@ -2,12 +2,19 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from kiso.kernel import JsonlSessionStore, MemorySessionStore
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
+    from tests.pg import PgCluster
 
 # Machines here are noisy: a slow example is not a failure. Examples stay deterministic per run.
 settings.register_profile(
@@ -49,3 +56,31 @@ def store(request: pytest.FixtureRequest, home: Path) -> JsonlSessionStore | Mem
     if request.param == "jsonl":
         return JsonlSessionStore(home, clock=ticking_clock())
     return MemorySessionStore(clock=ticking_clock())
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """One PostgreSQL for the whole session (tests/pg.py): KYRONIX_TEST_PG_URL's, or our own."""
+    from tests.pg import PgUnavailable, start_cluster
+
+    missing = None
+    try:
+        cluster = start_cluster()
+    except PgUnavailable as exc:
+        missing = str(exc)
+    if missing is not None:  # outside the except: the message alone, no chained traceback
+        pytest.fail(missing, pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: PgCluster) -> Iterator[URL]:
+    """A new, empty PostgreSQL database of this test's own, dropped after it."""
+    url = pg_cluster.create_database()
+    try:
+        yield url
+    finally:
+        pg_cluster.drop_database(url)

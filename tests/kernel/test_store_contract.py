@@ -1,4 +1,4 @@
-"""One contract, three stores: JSONL, memory and SQL (SQLite) pass the same tests.
+"""One contract, four stores: JSONL, memory and SQL (SQLite, PostgreSQL) pass the same tests.
 
 What every :class:`~kiso.kernel.store.SessionStore` promises: a round trip of every event type,
 byte for byte where a store writes lines; contiguous seq and compare-and-set; validation on load
@@ -8,7 +8,9 @@ the committed prefix after a batch interrupted by SIGKILL; group commit, ``flush
 an ``await committed()`` that leaves the event loop free; listing by workspace; a failing disk
 poisoning the writer with a clear error and leaving the stored prefix intact.
 
-The last section holds what only the SQL store has (the lease, the schema, the engine).
+The last section holds what only the SQL store has (the lease, the schema, the engine), on both
+databases. PostgreSQL is a real server (tests/pg.py: one cluster per test session, a database
+per test).
 JSONL-only behaviour (files, modes, torn tails, the index) stays in test_store.py and test_lock.py.
 """
 
@@ -31,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, MetaData, String, Table, event, select, update
+from sqlalchemy import Column, MetaData, String, Table, event, select, text, update
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DataError
 
 import kiso
 from kiso.kernel import (
@@ -72,28 +76,40 @@ CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "v1"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_store(kind: str, home: Path, tmp_path: Path) -> Store:
+def sql_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str | URL:
+    """A new database of ``kind`` ("sql": SQLite, "postgresql": a database of its own)."""
+    if kind == "postgresql":
+        url: URL = request.getfixturevalue("pg_url")
+        return url
+    return f"sqlite:///{tmp_path / 'sessions.db'}"
+
+
+def make_store(kind: str, request: pytest.FixtureRequest, home: Path, tmp_path: Path) -> Store:
     if kind == "jsonl":
         return JsonlSessionStore(home, clock=ticking_clock())
     if kind == "memory":
         return MemorySessionStore(clock=ticking_clock())
-    store = SqlSessionStore(f"sqlite:///{tmp_path / 'sessions.db'}", clock=ticking_clock())
+    store = SqlSessionStore(sql_url(kind, request, tmp_path), clock=ticking_clock())
     create_schema(store.engine)
     return store
 
 
-@pytest.fixture(params=["jsonl", "memory", "sql"])
+def is_pg(store: object) -> bool:
+    return isinstance(store, SqlSessionStore) and not store._sqlite
+
+
+@pytest.fixture(params=["jsonl", "memory", "sql", "postgresql"])
 def store(request: pytest.FixtureRequest, home: Path, tmp_path: Path) -> Iterator[Store]:
-    made = make_store(request.param, home, tmp_path)
+    made = make_store(request.param, request, home, tmp_path)
     yield made
     if isinstance(made, SqlSessionStore):
         made.close()
 
 
-@pytest.fixture(params=["jsonl", "sql"])
+@pytest.fixture(params=["jsonl", "sql", "postgresql"])
 def durable(request: pytest.FixtureRequest, home: Path, tmp_path: Path) -> Iterator[Store]:
     """The stores whose sessions outlive their process."""
-    made = make_store(request.param, home, tmp_path)
+    made = make_store(request.param, request, home, tmp_path)
     yield made
     if isinstance(made, SqlSessionStore):
         made.close()
@@ -354,6 +370,10 @@ def damage(store: Store, session_id: str, line: int, data: bytes) -> Callable[[]
         return path.read_bytes
     assert isinstance(store, SqlSessionStore)
     value = data.decode("utf-8").removesuffix("\n")
+    if is_pg(store) and "\x00" in value:  # PostgreSQL's text holds no NUL: this damage cannot be
+        with pytest.raises(DataError), store.engine.begin() as conn:  # stored; U+FFFD stands in
+            conn.execute(update(session_rows).values(title=value))  # for each NUL instead
+        value = value.replace("\x00", "\ufffd")
     with store.engine.begin() as conn:
         if line == 1:
             conn.execute(
@@ -578,6 +598,22 @@ def full_disk(store: Store, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             monkeypatch.setattr(os, "write", real)
         return
     assert isinstance(store, SqlSessionStore)
+    if is_pg(store):  # the server's own disk_full error (SQLSTATE 53100), raised by the server
+        full_sql = (
+            "CREATE FUNCTION kiso_test_full() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "RAISE EXCEPTION USING ERRCODE = 'disk_full', MESSAGE = 'could not extend file "
+            '"base/1/2": No space left on device\'; END $$; '
+            "CREATE TRIGGER kiso_test_full BEFORE INSERT ON kiso_events "
+            "FOR EACH ROW EXECUTE FUNCTION kiso_test_full()"
+        )
+        with store.engine.begin() as conn:
+            conn.execute(text(full_sql))
+        try:
+            yield
+        finally:
+            with store.engine.begin() as conn:
+                conn.execute(text("DROP TRIGGER kiso_test_full ON kiso_events"))
+        return
 
     def cap(dbapi: Any, _record: Any) -> None:  # SQLite's own SQLITE_FULL, for real
         cur = dbapi.cursor()
@@ -621,8 +657,16 @@ def test_a_full_disk_poisons_the_writer_and_leaves_the_stored_prefix(
 # --------------------------------------------------------------------------- the SQL store only
 
 
+@pytest.fixture(params=["sql", "postgresql"])
+def sql(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlSessionStore]:
+    made = SqlSessionStore(sql_url(request.param, request, tmp_path), clock=ticking_clock())
+    create_schema(made.engine)
+    yield made
+    made.close()
+
+
 @pytest.fixture
-def sql(tmp_path: Path) -> Iterator[SqlSessionStore]:
+def sqlite(tmp_path: Path) -> Iterator[SqlSessionStore]:
     made = SqlSessionStore(f"sqlite:///{tmp_path / 'sessions.db'}", clock=ticking_clock())
     create_schema(made.engine)
     yield made
@@ -658,8 +702,8 @@ def test_importing_the_kernel_does_not_import_sqlalchemy() -> None:
     assert out.stdout.strip() == "OK", out.stderr
 
 
-def test_sqlite_connections_are_durable_and_careful(sql: SqlSessionStore) -> None:
-    with sql.engine.connect() as conn:
+def test_sqlite_connections_are_durable_and_careful(sqlite: SqlSessionStore) -> None:
+    with sqlite.engine.connect() as conn:
         pragmas = {
             name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()
             for name in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
@@ -749,6 +793,73 @@ def test_a_stale_lease_on_this_host_is_taken_over_and_a_live_one_is_not(
     w.close()
 
 
+IN_FLIGHT = """
+import sys
+from kiso.kernel import User
+from kiso.kernel.sql import SqlWriter
+writer = store.open(sys.argv[1])
+
+def hold(w, batch):  # inside the batch's transaction, until the parent says go on
+    print("INSIDE", flush=True)
+    sys.stdin.readline()
+
+SqlWriter._before_commit = hold
+writer.append(User(run="r1", content="in flight"))
+SqlWriter._before_commit = None
+print("COMMITTED", flush=True)
+sys.stdin.readline()
+try:
+    writer.append(User(run="r1", content="too late"))
+except Exception as exc:
+    print("REFUSED", exc, flush=True)
+else:
+    print("APPENDED", flush=True)
+"""
+
+
+def test_a_takeover_waits_for_a_batch_in_flight_in_another_process_and_fences_it(
+    sql: SqlSessionStore, workspace: Path
+) -> None:
+    """Cross-process single writer: a takeover of the lease waits for the holder's open batch
+    (PostgreSQL: the batch holds its lease row FOR UPDATE; SQLite: BEGIN IMMEDIATE), then the
+    old holder's next batch is refused, and the log is exactly the committed batches."""
+    with sql.create(workspace, session_id="s1") as w:
+        w.append(*start())
+    code = child_store(sql) + textwrap.dedent(IN_FLIGHT)
+    with subprocess.Popen(
+        [sys.executable, "-c", code, "s1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, cwd=ROOT, start_new_session=True,
+    ) as proc:  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            assert proc.stdout.readline().strip() == "INSIDE"
+            old = int(time.time() * 1000) - 60_000
+            forger = threading.Thread(  # as if the holder were on a host that went silent
+                target=forge_lease, args=(sql, "s1"), kwargs={"host": "elsewhere", "renewed": old}
+            )
+            forger.start()
+            forger.join(0.5)
+            assert forger.is_alive()  # it waits for the batch in flight
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().strip() == "COMMITTED"
+            forger.join(30)
+            assert not forger.is_alive()
+            with SqlSessionStore(sql.engine, lease_ttl=30).open("s1") as taken:
+                assert taken.next_seq == 4  # the batch that was in flight committed first
+                taken.append(User(run="r1", content="the new holder"))
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+                answer = proc.stdout.readline()
+            assert answer.startswith("REFUSED") and "no longer holds" in answer, answer
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    contents = [getattr(e, "content", None) for e in sql.load("s1").events]
+    assert contents == [None, "hello there", "in flight", "the new holder"]
+
+
 def test_a_lease_from_another_host_waits_for_its_ttl(
     sql: SqlSessionStore, workspace: Path, tmp_path: Path
 ) -> None:
@@ -795,7 +906,11 @@ def test_a_read_only_database_refuses_with_a_clear_error(
     w.append(*start())
 
     def read_only(dbapi: Any, _record: Any) -> None:
-        dbapi.execute("PRAGMA query_only = ON")
+        if is_pg(sql):  # as a hot standby is: every transaction read-only
+            dbapi.execute("SET default_transaction_read_only = on")
+            dbapi.commit()
+        else:
+            dbapi.execute("PRAGMA query_only = ON")
 
     event.listen(sql.engine, "connect", read_only)
     sql.engine.dispose()
@@ -808,8 +923,11 @@ def test_a_read_only_database_refuses_with_a_clear_error(
     assert len(sql.load("s1").events) == 2
 
 
-def test_a_database_without_the_tables_says_what_to_do(tmp_path: Path, workspace: Path) -> None:
-    bare = SqlSessionStore(f"sqlite:///{tmp_path / 'bare.db'}")
+@pytest.mark.parametrize("kind", ["sql", "postgresql"])
+def test_a_database_without_the_tables_says_what_to_do(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, workspace: Path
+) -> None:
+    bare = SqlSessionStore(sql_url(kind, request, tmp_path))
     with pytest.raises(StoreError, match="create_schema"):
         bare.create(workspace, session_id="s1")
     bare.close()
@@ -852,7 +970,9 @@ def test_each_batch_is_one_transaction(sql: SqlSessionStore, workspace: Path) ->
         assert len(commits) - before == 2
 
 
-def test_the_schema_is_portable_and_alembic_sees_it(sql: SqlSessionStore, tmp_path: Path) -> None:
+def test_the_schema_is_portable_and_alembic_sees_it(
+    sql: SqlSessionStore, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
     from sqlalchemy.dialects import postgresql
@@ -867,7 +987,13 @@ def test_the_schema_is_portable_and_alembic_sees_it(sql: SqlSessionStore, tmp_pa
             str(CreateIndex(index).compile(dialect=postgresql.dialect()))
     with sql.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-    empty = make_engine(f"sqlite:///{tmp_path / 'empty.db'}")
+    if is_pg(sql):
+        pg = request.getfixturevalue("pg_cluster")
+        other = pg.create_database()
+        request.addfinalizer(lambda: pg.drop_database(other))
+        empty = make_engine(other)
+    else:
+        empty = make_engine(f"sqlite:///{tmp_path / 'empty.db'}")
     with empty.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), metadata)
     added = {op[1].name for op in diff if op[0] == "add_table"}

@@ -4,7 +4,8 @@ An ``Agent(store=SqlSessionStore(...))`` with the scripted model does rounds wit
 (counted in a file) and a read-only tool. A real process is killed by SIGKILL right after a batch
 is committed (``KISO_FAILPOINT``) or in the middle of a batch's transaction (its rows inserted,
 not committed), and a new process resumes the session from the database: the run completes, each
-side effect happened exactly once, and no execution that had a receipt ran again.
+side effect happened exactly once, and no execution that had a receipt ran again. The crash
+tests run on SQLite and on a real PostgreSQL (tests/pg.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from kiso.kernel import ExecutionStarted, RunEnded
+from kiso.kernel import ExecutionStarted, RunEnded, SessionInfo, SessionLog
 from kiso.kernel.sql import SqlSessionStore, create_schema
 from kiso.providers import FauxAdapter
 from kiso.runtime import Agent
@@ -98,9 +99,13 @@ with agent.session(session_id) as session:
 """
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> tuple[str, Path, Path]:
-    url = f"sqlite:///{tmp_path / 'server.db'}"
+@pytest.fixture(params=["sqlite", "postgresql"])
+def world(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path, Path]:
+    """(database URL, workspace, faux script): SQLite, or a PostgreSQL database of its own."""
+    if request.param == "postgresql":
+        url = request.getfixturevalue("pg_url").render_as_string(hide_password=False)
+    else:
+        url = f"sqlite:///{tmp_path / 'server.db'}"
     store = SqlSessionStore(url)
     create_schema(store.engine)
     store.close()
@@ -128,6 +133,23 @@ def driver(
         timeout=120,
         check=False,
     )
+
+
+def load(url: str) -> SessionLog:
+    """The session as a new process would read it (the store closed after)."""
+    store = SqlSessionStore(url)
+    try:
+        return store.load("s")
+    finally:
+        store.close()
+
+
+def listed(url: str, ws: Path) -> list[SessionInfo]:
+    store = SqlSessionStore(url)
+    try:
+        return store.list(ws)
+    finally:
+        store.close()
 
 
 def effects(ws: Path) -> list[str]:
@@ -184,7 +206,7 @@ def test_the_run_without_a_crash_writes_exactly_these_records(
 ) -> None:
     out = driver(world, "run", "go")
     assert out.returncode == 0, out.stderr
-    log = SqlSessionStore(world[0]).load("s")
+    log = load(world[0])
     assert Counter(e.type for e in log.events) == RECORDS
     assert effects(world[1]) == ["a", "b"]
 
@@ -205,7 +227,7 @@ def test_a_sigkill_mid_run_resumes_in_a_new_process_without_repeating_effects(
     url, ws, _ = world
     crashed = driver(world, "run", "go", env=crash)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    before = SqlSessionStore(url).load("s")  # the committed prefix always loads
+    before = load(url)  # the committed prefix always loads
     kind = next(iter(crash.values())).split(":")[0]
     count = [e.type for e in before.events].count(kind)
     if "KILL_INSIDE" in crash:
@@ -214,7 +236,7 @@ def test_a_sigkill_mid_run_resumes_in_a_new_process_without_repeating_effects(
         assert count == int(crash["KISO_FAILPOINT"].split(":")[1])  # committed, nothing after
     resumed = driver(world, "resume")
     assert resumed.returncode == 0, resumed.stderr
-    final = SqlSessionStore(url).load("s")
+    final = load(url)
     assert [e.seq for e in final.events] == list(range(1, len(final.events) + 1))
     assert final.events[: len(before.events)] == before.events  # the prefix is kept as it was
     ends = [e for e in final.events if isinstance(e, RunEnded)]
@@ -223,7 +245,7 @@ def test_a_sigkill_mid_run_resumes_in_a_new_process_without_repeating_effects(
     finished = {e.call_id for e in before.events if e.type == "execution_finished"}  # type: ignore[union-attr]
     starts = Counter(e.call_id for e in final.events if isinstance(e, ExecutionStarted))
     assert all(starts[call] == 1 for call in finished)  # nothing confirmed ran again
-    (row,) = SqlSessionStore(url).list(ws)
+    (row,) = listed(url, ws)
     assert row.state.value == "completed"
 
 
@@ -244,7 +266,7 @@ def test_a_kill_inside_the_receipts_transaction_asks_about_the_effect(
     out = driver(world, "resume")
     assert out.returncode == 0, out.stderr
     assert "uncertain" in [e["type"] for e in lines(out.stdout)]
-    final = SqlSessionStore(url).load("s")
+    final = load(url)
     rulings = [e for e in final.events if e.type == "execution_resolved"]
     assert [(r.resolution, r.decided_by) for r in rulings] == [("applied", "user")]  # type: ignore[attr-defined]
     assert effects(ws) == ["a", "b"]

@@ -1,4 +1,4 @@
-"""The SQL session store: the JSONL store's contract, in a database (SQLite now, PostgreSQL later).
+"""The SQL session store: the JSONL store's contract, in a database (SQLite or PostgreSQL).
 
 Three tables, SQLAlchemy Core, on :data:`metadata` (an application's Alembic migrations include
 it; :func:`create_schema` creates them for tests and standalone use)::
@@ -39,6 +39,14 @@ transactions begun by us (``BEGIN IMMEDIATE`` for writes) when the engine comes 
 :func:`make_engine` (or a URL); every write of the process goes through one lock per database
 file (:func:`write_lock`, :func:`writing`), which the server's own writes should share.
 docs/adr/0015-the-sql-session-store.md says why.
+
+PostgreSQL (``postgresql://``, psycopg 3): no process lock and no PRAGMA; every write is an
+ordinary READ COMMITTED transaction, and the rules above hold across processes and machines
+because the database enforces them: the lease row's primary key and the conditional UPDATE over
+a stale owner's token, and each batch first locks its lease row (``SELECT ... FOR UPDATE``) and
+checks the token is still its own, so a takeover waits for a batch in flight and no batch of a
+writer that lost its lease commits after the takeover did. Reads are REPEATABLE READ (one
+snapshot for the header and the lines).
 """
 
 from __future__ import annotations
@@ -125,6 +133,9 @@ _MOVE = update(sessions).where(  # the compare-and-set, fenced by the lease
     exists().where(
         writers.c.session_id == bindparam("b_id"), writers.c.token == bindparam("b_token")
     ),
+)
+_FENCE = (  # PostgreSQL: the lease row, locked until the batch commits (a takeover waits for it)
+    select(writers.c.token).where(writers.c.session_id == bindparam("b_id")).with_for_update()
 )
 _INSERT = insert(events)
 _CREATE = insert(sessions)
@@ -642,6 +653,10 @@ class SqlSessionStore:
         attached = writer._take_attached(batch[-1].seq)
         try:
             with writing(self.engine) as conn:
+                if not self._sqlite and conn.execute(_FENCE, {"b_id": sid}).scalar() != (
+                    writer.token
+                ):
+                    raise _LeaseLost  # (SQLite: BEGIN IMMEDIATE already excludes a takeover)
                 if renew:  # the lease says it is alive (the compare-and-set checks it is ours)
                     self._renew(conn, sid, writer.token)
                 params = {"b_id": sid, "b_token": writer.token, "b_last": first - 1}
@@ -779,6 +794,13 @@ class SqlSessionStore:
         text = str(orig) if orig is not None else str(exc)
         low = text.lower()
         where = self.where
+        state = getattr(orig, "sqlstate", None)  # PostgreSQL's error code (psycopg)
+        if state == "53100":  # disk_full
+            return describe_os_error(where, OSError(errno.ENOSPC, text), doing)
+        if state == "25006":  # read_only_sql_transaction (a standby, or read-only by setting)
+            return f"could not {doing} {where}: the database is read-only ({text})"
+        if state in ("40001", "40P01"):  # serialization failure, deadlock: nothing was written
+            return f"could not {doing} {where}: another writer got in the way ({text}); try again"
         if "database or disk is full" in low or "disk full" in low or "no space" in low:
             return describe_os_error(where, OSError(errno.ENOSPC, text), doing)
         if "readonly database" in low or "read-only" in low:

@@ -1,7 +1,9 @@
 """The SQL store's tables and engines: the schema (:data:`metadata`) the server's migrations
 include, SQLite engines set up for durability (WAL, ``synchronous=FULL``, ``BEGIN IMMEDIATE``,
-foreign keys), and the one in-process write lock per database. :mod:`kiso.kernel.sql` is the
-store built on them.
+foreign keys), and the one in-process write lock per SQLite database. PostgreSQL engines
+(``postgresql://`` means psycopg 3) get none of that: no PRAGMA, no ``BEGIN IMMEDIATE``, no
+process lock; their writers are ordinary transactions whose rows lock themselves.
+:mod:`kiso.kernel.sql` is the store built on them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUSY_TIMEOUT_MS",
     "create_schema",
+    "driver_url",
     "events",
     "is_memory_url",
     "make_engine",
@@ -125,7 +128,7 @@ def make_engine(url: str | URL, **options: Any) -> Engine:
     timeout on every connection, and transactions begun by us (``BEGIN`` to read, ``BEGIN
     IMMEDIATE`` to write, so a write never fails half-way on a lock upgrade); ``sqlite://`` is
     one shared in-memory database. ``options`` go to :func:`sqlalchemy.create_engine`."""
-    url = make_url(url)
+    url = driver_url(url)
     if url.get_backend_name() != "sqlite":
         return create_engine(url, **{"pool_pre_ping": True, **options})
     memory = is_memory_url(url)
@@ -136,6 +139,15 @@ def make_engine(url: str | URL, **options: Any) -> Engine:
     event.listen(engine, "connect", _on_sqlite_connect if not memory else _on_memory_connect)
     event.listen(engine, "begin", _on_sqlite_begin)
     return engine
+
+
+def driver_url(url: str | URL) -> URL:
+    """``url`` with the driver kiso uses: ``postgresql://`` (and Heroku's ``postgres://``) is
+    ``postgresql+psycopg://`` (psycopg 3); any other URL is left as it is."""
+    url = make_url(url)
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
 
 
 def is_memory_url(url: URL) -> bool:
@@ -197,7 +209,8 @@ def write_lock(engine: Engine) -> contextlib.AbstractContextManager[Any]:
 @contextlib.contextmanager
 def writing(engine: Engine) -> Iterator[Connection]:
     """One write transaction under the process's write lock (``BEGIN IMMEDIATE`` on SQLite
-    engines from :func:`make_engine`); committed when the block ends, rolled back if it raises."""
+    engines from :func:`make_engine`; on PostgreSQL a plain transaction, no lock); committed
+    when the block ends, rolled back if it raises."""
     with write_lock(engine), engine.connect() as conn:
         conn.execution_options(kiso_write=True)
         with conn.begin():
@@ -207,7 +220,11 @@ def writing(engine: Engine) -> Iterator[Connection]:
 @contextlib.contextmanager
 def reading(engine: Engine) -> Iterator[Connection]:
     """One read transaction: a consistent snapshot (one shared connection: take the lock)."""
-    serial = engine.url.get_backend_name() == "sqlite" and is_memory_url(engine.url)
+    sqlite = engine.url.get_backend_name() == "sqlite"
+    serial = sqlite and is_memory_url(engine.url)
     lock = write_lock(engine) if serial else contextlib.nullcontext()
-    with lock, engine.connect() as conn, conn.begin():
-        yield conn
+    with lock, engine.connect() as conn:
+        if not sqlite:  # READ COMMITTED would give each statement a snapshot of its own
+            conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn

@@ -26,7 +26,8 @@ def _db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         "db_url",
         default=None,
         metavar="URL",
-        help="The database (default: sqlite:///$KYRONIX_HOME/kyronix.sqlite3).",
+        help="The database: sqlite:///path or postgresql://user@host/db (default: "
+        "$KYRONIX_DATABASE_URL, else sqlite:///$KYRONIX_HOME/kyronix.sqlite3).",
     )(fn)
 
 

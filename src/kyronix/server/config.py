@@ -2,7 +2,9 @@
 
 State lives in ``$KYRONIX_HOME`` (default ``~/.kyronix``, created 0700):
 
-* ``kyronix.sqlite3`` — projects, keys, credits, sessions, runs (unless ``--db`` names another);
+* ``kyronix.sqlite3`` — projects, keys, credits, sessions, runs (unless ``--db`` or
+  ``KYRONIX_DATABASE_URL`` names another database: ``sqlite:///path`` or
+  ``postgresql://user@host/db``, docs/deploy.md);
 * ``sessions/`` — the kiso session logs (until the SQL session store holds them);
 * ``secret.key`` — the key that API keys are hashed with (0600, made on first use);
 * ``config.json`` — the model, in kiso's profile shapes (``{"model": ..., "models": {...}}``);
@@ -13,7 +15,8 @@ State lives in ``$KYRONIX_HOME`` (default ``~/.kyronix``, created 0700):
      "rateLimit": {"perMinute": 600, "burst": 120}, "cors": ["https://app.example"],
      "scriptedDelayMs": 0, "kmlGrammar": false, "maxBody": 1048576}
 
-Environment variables override the file: ``KYRONIX_MODEL`` (a profile name or
+Environment variables override the file: ``KYRONIX_DATABASE_URL`` (``--db`` wins over it),
+``KYRONIX_MODEL`` (a profile name or
 ``provider/model``), ``KYRONIX_MULTIPLIER``, ``KYRONIX_RATE_LIMIT`` (requests per minute per key),
 ``KYRONIX_RATE_BURST``, ``KYRONIX_CORS`` (comma-separated origins), ``KYRONIX_SCRIPTED_DELAY_MS``,
 ``KYRONIX_DRAIN_TIMEOUT``, ``KYRONIX_KEY_SECRET``; the dashboard's sign-in:
@@ -33,7 +36,14 @@ from typing import Any
 
 from kyronix.errors import KyronixUsageError
 
-__all__ = ["MILLI", "ServerConfig", "kyronix_home", "load_server_config", "to_credits"]
+__all__ = [
+    "MILLI",
+    "ServerConfig",
+    "check_db_url",
+    "kyronix_home",
+    "load_server_config",
+    "to_credits",
+]
 
 MILLI = 1000
 """Millicredits per credit."""
@@ -66,7 +76,9 @@ def ensure_home(home: Path) -> Path:
 class ServerConfig:
     home: Path
     db_url: str | None = None
-    """None: ``sqlite:///$KYRONIX_HOME/kyronix.sqlite3``."""
+    """``--db`` or ``KYRONIX_DATABASE_URL``: a ``sqlite:`` or ``postgresql:`` URL (PostgreSQL
+    through psycopg 3: ``postgresql://`` means ``postgresql+psycopg://``); None:
+    ``sqlite:///$KYRONIX_HOME/kyronix.sqlite3``."""
     multiplier: float = 1.5
     minimum_charge: int = 500
     """Millicredits: the least a run costs (0.5 credits)."""
@@ -143,6 +155,21 @@ _KEYS = {
 }
 
 
+def check_db_url(url: str) -> str:
+    """``url`` if it names a database kyronix can use (SQLite or PostgreSQL), else a usage error."""
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if not (scheme.split("+")[0] == "sqlite" or scheme in _POSTGRES):
+        shown = url.rsplit("@", maxsplit=1)[-1]  # never a password
+        raise KyronixUsageError(
+            f"--db / KYRONIX_DATABASE_URL: not a database kyronix can use ({shown!r}); give "
+            f"sqlite:///path/to/kyronix.sqlite3 or postgresql://user@host/dbname"
+        )
+    return url
+
+
+_POSTGRES = ("postgresql", "postgres", "postgresql+psycopg")
+
+
 def _number(path: Path, key: str, value: Any, *, low: float, strict: bool = False) -> float:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if not ok or value < low or (strict and value == low):
@@ -163,7 +190,9 @@ def load_server_config(
     """The settings from ``server.json`` in ``home`` and the environment (see the module)."""
     env = os.environ if environ is None else environ
     home = home if home is not None else kyronix_home(env)
-    cfg = ServerConfig(home=home, db_url=db_url)
+    if db_url is None and env.get("KYRONIX_DATABASE_URL", "").strip():
+        db_url = env["KYRONIX_DATABASE_URL"].strip()
+    cfg = ServerConfig(home=home, db_url=check_db_url(db_url) if db_url else None)
     path = home / "server.json"
     try:
         raw = path.read_text(encoding="utf-8")

@@ -2,13 +2,16 @@
 
 SQLite by default (WAL, ``synchronous=FULL``, ``BEGIN IMMEDIATE`` for writes, a busy timeout for
 the CLI writing beside a running server: the engine is :func:`kiso.kernel.sql.make_engine`'s);
-PostgreSQL later with the same tables. Every write in this process goes through one lock
+PostgreSQL (``postgresql://``, psycopg 3) with the same tables and migrations, where a write is a
+plain transaction and rows lock themselves (conditional updates, ``FOR UPDATE``). On SQLite every
+write in this process goes through one lock
 (:meth:`Database.write`, the lock :mod:`kiso.kernel.sql` keeps per database file): under 20
 writers that is ~3x the throughput of SQLite's own busy handler and a far shorter worst case
 (../shared/reference/platform-server-anchors.md, B1). Each call is one short transaction; no
 transaction is ever open while a model runs.
 
-Credits are integer millicredits. Times are unix milliseconds. The schema is created and
+Credits are integer millicredits. Times are unix milliseconds; both are ``BigInteger`` (64 bits
+on PostgreSQL, where ``INTEGER`` is 32: migration 0005). The schema is created and
 upgraded by the Alembic scripts in :mod:`kyronix.server.migrations` (``migrate``), never by
 ``metadata.create_all``.
 """
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     Connection,
     ForeignKey,
@@ -58,8 +62,8 @@ projects = Table(
     metadata,
     Column("id", String(64), primary_key=True),
     Column("name", String(64), nullable=False, unique=True),
-    Column("created_at", Integer, nullable=False),
-    Column("credits", Integer, nullable=False),  # millicredits; always the ledger's sum
+    Column("created_at", BigInteger, nullable=False),
+    Column("credits", BigInteger, nullable=False),  # millicredits; always the ledger's sum
 )
 
 api_keys = Table(
@@ -70,9 +74,9 @@ api_keys = Table(
     Column("prefix", String(32), nullable=False),
     Column("hash", String(128), nullable=False, unique=True),
     Column("name", String(128)),
-    Column("created_at", Integer, nullable=False),
-    Column("last_used_at", Integer),
-    Column("revoked_at", Integer),
+    Column("created_at", BigInteger, nullable=False),
+    Column("last_used_at", BigInteger),
+    Column("revoked_at", BigInteger),
     Index("kx_api_keys_project", "project_id"),
 )
 
@@ -82,11 +86,11 @@ ledger = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("project_id", String(64), ForeignKey("kx_projects.id"), nullable=False),
     Column("kind", String(16), nullable=False),  # grant | hold | settle | release | refund
-    Column("amount", Integer, nullable=False),  # millicredits, signed
+    Column("amount", BigInteger, nullable=False),  # millicredits, signed
     Column("hold_id", String(64)),
     Column("run_id", String(64)),
     Column("note", Text),
-    Column("created_at", Integer, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
     Index("kx_ledger_project", "project_id"),
 )
 
@@ -96,11 +100,11 @@ holds = Table(
     Column("id", String(64), primary_key=True),
     Column("project_id", String(64), ForeignKey("kx_projects.id"), nullable=False),
     Column("run_id", String(64), nullable=False, unique=True),
-    Column("amount", Integer, nullable=False),
+    Column("amount", BigInteger, nullable=False),
     Column("status", String(16), nullable=False),  # held | settled | released
-    Column("created_at", Integer, nullable=False),
-    Column("expires_at", Integer, nullable=False),
-    Column("closed_at", Integer),
+    Column("created_at", BigInteger, nullable=False),
+    Column("expires_at", BigInteger, nullable=False),
+    Column("closed_at", BigInteger),
     Index("kx_holds_open", "status", "expires_at"),
 )
 
@@ -111,7 +115,7 @@ sessions = Table(
     Column("project_id", String(64), ForeignKey("kx_projects.id"), nullable=False),
     Column("agent", String(64), nullable=False),
     Column("custom_agent_id", String(64)),
-    Column("created_at", Integer, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
     Column("active_run", String(64)),  # one active run per session, set by a conditional update
     Index("kx_sessions_project", "project_id"),
 )
@@ -129,12 +133,12 @@ runs = Table(
     Column("request_hash", String(64)),
     Column("owner", String(64), nullable=False),
     Column("input", Text),  # what was asked (the session log shows it if the run is cut short)
-    Column("created_at", Integer, nullable=False),
-    Column("finished_at", Integer),
+    Column("created_at", BigInteger, nullable=False),
+    Column("finished_at", BigInteger),
     Column("http_status", Integer),
     Column("result", Text),  # the JSON body the run answered (200 or an error body)
     Column("transcript", Text),  # JSON list: the text of each model attempt
-    Column("cost", Integer),
+    Column("cost", BigInteger),
     Column("usage_input", Integer),
     Column("usage_output", Integer),
     Column("mode", String(16)),  # None: answer with a plan; "tunnel": run the tools (0003)
@@ -150,7 +154,7 @@ executions = Table(
     Column("project_id", String(64), ForeignKey("kx_projects.id"), nullable=False),
     Column("session_id", String(64), nullable=False),
     Column("run_id", String(64), nullable=False),
-    Column("created_at", Integer, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
 )
 """Which session's run issued each tool execution id: where the tunnel records its results."""
 
@@ -162,8 +166,8 @@ custom_agents = Table(
     Column("name", String(128), nullable=False),
     Column("description", Text, nullable=False),
     Column("tools", Text, nullable=False),  # JSON list of {name, description, params, disabled}
-    Column("created_at", Integer, nullable=False),
-    Column("updated_at", Integer, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
     Index("kx_custom_agents_project", "project_id"),
 )
 
@@ -175,8 +179,8 @@ users = Table(
     Column("github_id", String(64), unique=True),  # None: signed in by a one-time link only
     Column("login", String(128), nullable=False),
     Column("name", String(255)),
-    Column("created_at", Integer, nullable=False),
-    Column("last_seen_at", Integer),
+    Column("created_at", BigInteger, nullable=False),
+    Column("last_seen_at", BigInteger),
 )
 
 memberships = Table(
@@ -185,7 +189,7 @@ memberships = Table(
     Column("user_id", String(64), ForeignKey("kx_users.id"), primary_key=True),
     Column("project_id", String(64), ForeignKey("kx_projects.id"), primary_key=True),
     Column("role", String(16), nullable=False),  # owner
-    Column("created_at", Integer, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
     Index("kx_memberships_project", "project_id"),
 )
 """Which projects a dashboard user may see: a user sees only these."""
@@ -198,9 +202,9 @@ signin_links = Table(
     Column("user_id", String(64), ForeignKey("kx_users.id")),  # None: the user it will create
     Column("login", String(128), nullable=False),
     Column("purpose", String(16), nullable=False),  # owner | invite
-    Column("created_at", Integer, nullable=False),
-    Column("expires_at", Integer, nullable=False),
-    Column("used_at", Integer),  # set once: a link signs in once
+    Column("created_at", BigInteger, nullable=False),
+    Column("expires_at", BigInteger, nullable=False),
+    Column("used_at", BigInteger),  # set once: a link signs in once
 )
 
 
@@ -222,7 +226,7 @@ class Database:
 
         self.url = url
         self.engine = make_engine(url, **_pool(url))
-        self.is_sqlite = url.startswith("sqlite")
+        self.is_sqlite = self.engine.url.get_backend_name() == "sqlite"
 
     def write(self, fn: Callable[[Connection], T]) -> T:
         from kiso.kernel.sql import writing

@@ -4,9 +4,10 @@ SIGTERM (or Ctrl-C) starts the drain at once: ``/api`` answers 503 ``draining``,
 accepting connections and lets requests in flight finish for up to ``drainTimeout`` seconds;
 then every run still going is recorded interrupted (its hold released) before the process exits.
 
-One server per SQLite database: ``serve`` holds an exclusive lock on ``<home>/server.lock``, so
-the start sweep (which interrupts every run it finds ``running``) can never touch a live
-server's runs.
+One server per database: ``serve`` holds an exclusive lock on ``<home>/server.lock`` and, on
+PostgreSQL, a session advisory lock in the database (``pg_try_advisory_lock``), so the start
+sweep (which interrupts every run it finds ``running``) can never touch a live server's runs.
+Several replicas on one PostgreSQL database are the next step (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import ipaddress
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,8 @@ from kyronix.errors import KyronixUsageError
 from kyronix.server.config import ServerConfig
 
 __all__ = ["is_loopback", "serve"]
+
+SERVER_LOCK_KEY = 0x6B79726F6E6978  # "kyronix": the advisory lock of the one server (PostgreSQL)
 
 log = logging.getLogger("kyronix.server")
 
@@ -49,6 +53,43 @@ def _lock(home: Path) -> int:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
+
+
+def _lock_database(url: str) -> Callable[[], None]:
+    """On PostgreSQL, hold the database's server lock until the returned function is called
+    (a session advisory lock on a connection of its own); elsewhere nothing to hold."""
+    from sqlalchemy import text
+    from sqlalchemy.pool import NullPool
+
+    from kiso.kernel.sql import make_engine
+
+    engine = make_engine(url, poolclass=NullPool)
+    if engine.url.get_backend_name() != "postgresql":
+        engine.dispose()
+        return lambda: None
+    conn = engine.connect()
+    try:
+        got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": SERVER_LOCK_KEY})
+        held = bool(got.scalar())
+        conn.commit()
+    except BaseException:
+        conn.close()
+        engine.dispose()
+        raise
+    if not held:
+        conn.close()
+        engine.dispose()
+        raise KyronixUsageError(
+            f"another kyronix server is already running on the database "
+            f"{engine.url.render_as_string(hide_password=True)} (it holds the database's server "
+            f"lock); stop it first, or give this one its own database"
+        )
+
+    def release() -> None:
+        conn.close()  # ends the session: the lock goes with it
+        engine.dispose()
+
+    return release
 
 
 async def _owner_link(state: Any, base: str) -> str:
@@ -81,6 +122,11 @@ def serve(
 
     ensure_home(config.home)
     lock = _lock(config.home)
+    try:
+        unlock_database = _lock_database(config.database_url)
+    except BaseException:
+        os.close(lock)
+        raise
     try:
         app = create_app(config)
         state = app.state.kx
@@ -127,4 +173,5 @@ def serve(
         if not server.started:
             sys.exit(1)
     finally:
+        unlock_database()
         os.close(lock)

@@ -22,11 +22,23 @@ def kx_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def make_client(kx_home: Path) -> Iterator[Any]:
+def kx_db(request: pytest.FixtureRequest) -> str | None:
+    """The database ``make_client`` serves from: None (SQLite in the home, the default), or a
+    PostgreSQL database of the test's own when a test parametrizes this fixture (``ON_BOTH``)."""
+    if getattr(request, "param", "sqlite") != "postgresql":
+        return None
+    url: Any = request.getfixturevalue("pg_url")
+    return str(url.render_as_string(hide_password=False))
+
+
+@pytest.fixture
+def make_client(kx_home: Path, kx_db: str | None) -> Iterator[Any]:
     """make_client(**config changes) -> (TestClient, app); closed at teardown."""
     opened: list[TestClient] = []
 
     def make(**changes: Any) -> tuple[TestClient, Any]:
+        if kx_db is not None:
+            changes.setdefault("db_url", kx_db)
         app = create_app(config(kx_home, **changes))
         client = TestClient(app, raise_server_exceptions=False)
         client.__enter__()

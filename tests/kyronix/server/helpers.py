@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 
 from kyronix import kml
 from kyronix.server import accounts
@@ -22,6 +23,9 @@ from kyronix.server.config import ServerConfig, load_server_config
 from tests.processes import alive
 
 ROOT = Path(__file__).resolve().parents[3]
+
+ON_BOTH = pytest.mark.parametrize("kx_db", ["sqlite", "postgresql"], indirect=True)
+"""Run a ``make_client`` test on SQLite and on PostgreSQL (a real server, tests/pg.py)."""
 
 
 def config(home: Path, **changes: Any) -> ServerConfig:

@@ -14,7 +14,7 @@ from kyronix.server import billing
 from kyronix.server.agents import AGENTS, builtin_persona
 from kyronix.server.db import ledger, runs
 
-from .helpers import auth, project_with_key, sse_events, tools_of
+from .helpers import ON_BOTH, auth, project_with_key, sse_events, tools_of
 
 PROMPTS = {
     "coding": "Create a React component called Button in src/components/Button.tsx",
@@ -65,6 +65,7 @@ def test_an_unknown_agent_is_404_listing_the_agents(make_client: Any) -> None:
     assert r.json()["error"]["details"]["agents"] == list(AGENTS)
 
 
+@ON_BOTH
 def test_sessions_keep_history_and_chat_is_a_projection(make_client: Any) -> None:
     client, app = make_client()
     _, key = project_with_key(app)
@@ -228,6 +229,7 @@ def test_over_one_mib_is_413(make_client: Any) -> None:
     assert r.status_code == 413
 
 
+@ON_BOTH
 def test_credits_run_out_with_402_and_the_ledger_explains_the_balance(make_client: Any) -> None:
     client, app = make_client()
     project, key = project_with_key(app, credits=1000)  # 1 credit: two runs
@@ -258,6 +260,7 @@ def test_the_multiplier_and_minimum_are_configurable(make_client: Any) -> None:
     assert r.json()["cost"] == 2.0 and r.json()["creditsRemaining"] == 98.0
 
 
+@ON_BOTH
 def test_an_idempotency_key_retry_is_charged_once_and_another_body_is_422(
     make_client: Any,
 ) -> None:
@@ -281,6 +284,7 @@ def test_an_idempotency_key_retry_is_charged_once_and_another_body_is_422(
     assert bad.status_code == 400
 
 
+@ON_BOTH
 def test_a_busy_session_is_409_session_busy(make_client: Any) -> None:
     client, app = make_client(scripted_delay_ms=1500)
     _, key = project_with_key(app)
@@ -314,6 +318,7 @@ def test_a_busy_session_is_409_session_busy(make_client: Any) -> None:
     assert after.status_code == 200
 
 
+@ON_BOTH
 def test_streaming_sends_chunks_with_ids_then_complete(make_client: Any) -> None:
     client, app = make_client(scripted_delay_ms=200)
     _, key = project_with_key(app)
@@ -348,6 +353,7 @@ def test_streaming_sends_chunks_with_ids_then_complete(make_client: Any) -> None
         assert sse_events(s.read().decode()) == []
 
 
+@ON_BOTH
 def test_custom_agents_crud_and_run(make_client: Any) -> None:
     client, app = make_client()
     _, key = project_with_key(app)
@@ -476,6 +482,7 @@ def test_cors_is_off_unless_configured(make_client: Any) -> None:
     assert r.headers["access-control-allow-origin"] == "https://app.example"
 
 
+@ON_BOTH
 def test_an_interrupted_run_found_at_start_is_released_and_shown(
     make_client: Any, kx_home: Any
 ) -> None:

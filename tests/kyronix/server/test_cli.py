@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .helpers import kyronix
+import pytest
+from sqlalchemy.engine import URL
+
+from .helpers import ServerProcess, kyronix
 
 
 def test_help_imports_neither_fastapi_nor_sqlalchemy() -> None:
@@ -116,3 +119,93 @@ def test_the_migrated_kiso_tables_are_exactly_the_kernels(tmp_path: Path) -> Non
             assert compare_metadata(context, metadata) == []
     finally:
         db.close()
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def _plain(url: URL) -> str:
+    """The URL as a user writes it: ``postgresql://`` (kyronix picks psycopg 3 itself)."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def test_every_migration_runs_on_postgresql_and_matches_the_tables(pg_url: URL) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import text
+
+    from kiso.kernel.sql import metadata as kiso_metadata
+    from kyronix.server.db import Database, metadata
+    from kyronix.server.migrations import DatabaseTooNew, head, migrate
+
+    db = Database(_plain(pg_url))
+    try:
+        assert db.engine.url.drivername == "postgresql+psycopg" and not db.is_sqlite
+        assert migrate(db) == head()
+        assert migrate(db) == head()  # again: nothing to do
+        with db.engine.connect() as conn:  # the migrated schema is exactly the two metadatas
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert compare_metadata(context, [metadata, kiso_metadata]) == []
+            kinds = dict(
+                conn.execute(
+                    text(
+                        "SELECT table_name || '.' || column_name, data_type "
+                        "FROM information_schema.columns WHERE table_schema = 'public'"
+                    )
+                ).all()
+            )
+        assert kinds["kx_runs.created_at"] == kinds["kx_projects.credits"] == "bigint"
+        now = 1_790_000_000_000  # unix ms: past 32 bits, which INTEGER is on PostgreSQL
+        db.write(
+            lambda c: c.execute(
+                text("INSERT INTO kx_projects VALUES ('p', 'p', :now, :big)"),
+                {"now": now, "big": 2**40},
+            )
+        )
+        db.write(lambda c: c.execute(text("UPDATE alembic_version SET version_num = '9999'")))
+        with pytest.raises(DatabaseTooNew, match="newer kyronix") as info:
+            migrate(db)
+        assert "9999" in str(info.value)
+    finally:
+        db.close()
+
+
+def test_the_database_url_comes_from_the_flag_or_the_environment(tmp_path: Path) -> None:
+    from kyronix.errors import KyronixUsageError
+    from kyronix.server.config import load_server_config
+
+    env = {"KYRONIX_DATABASE_URL": "postgresql://kx@db.example/kyronix"}
+    assert load_server_config(tmp_path, environ=env).database_url == env["KYRONIX_DATABASE_URL"]
+    flag = load_server_config(tmp_path, environ=env, db_url="sqlite:////srv/k.db")
+    assert flag.database_url == "sqlite:////srv/k.db"  # --db wins
+    assert load_server_config(tmp_path, environ={}).database_url.endswith("kyronix.sqlite3")
+    with pytest.raises(KyronixUsageError, match="postgresql://user@host/dbname") as info:
+        load_server_config(tmp_path, environ={}, db_url="mysql://root:hunter2@db/k")
+    assert "hunter2" not in str(info.value)
+
+
+def test_kyronix_serve_on_postgresql_and_one_server_per_database(
+    pg_url: URL, tmp_path: Path
+) -> None:
+    """The CLI and ``serve`` on ``--db postgresql://…`` / KYRONIX_DATABASE_URL: migrated at start,
+    a run answered and charged; a second server on the same database is refused."""
+    env = {"KYRONIX_DATABASE_URL": _plain(pg_url)}
+    home = tmp_path / "home"
+    made = kyronix("projects", "create", "acme", home=home, env=env)
+    assert made.returncode == 0, made.stderr
+    key = kyronix("keys", "create", "--project", "acme", home=home, env=env).stdout.strip()
+    assert not (home / "kyronix.sqlite3").exists()  # everything went to PostgreSQL
+    with ServerProcess(home, None, "--db", _plain(pg_url)) as server:
+        with server.client() as client:
+            r = client.post(
+                "/api/agents/coding",
+                json={"input": "Create a React component"},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        assert r.status_code == 200, r.text
+        assert r.json()["creditsRemaining"] == 99.5
+        second = kyronix("serve", "--port", "0", home=tmp_path / "other", env=env)
+        assert second.returncode != 0
+        assert "another kyronix server is already running on the database" in second.stderr
+    shown = kyronix("credits", "show", "acme", home=home, env=env)
+    assert "99.5 credits" in shown.stdout, shown.stdout + shown.stderr

@@ -16,7 +16,7 @@ from kyronix.server import billing
 from kyronix.server.db import ledger, runs
 from kyronix.server.runs import RESULT_KEY
 
-from .helpers import auth, project_with_key
+from .helpers import ON_BOTH, auth, project_with_key
 
 
 def _kinds(app: Any, project: str) -> list[str]:
@@ -34,6 +34,7 @@ def _lease_token(app: Any, session_id: str) -> str | None:
     return None if row is None else str(row.token)
 
 
+@ON_BOTH
 def test_a_run_on_a_new_session_commits_twice(
     make_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -65,6 +66,7 @@ def test_a_run_on_a_new_session_commits_twice(
     assert r.json()["creditsRemaining"] == 99.0
 
 
+@ON_BOTH
 def test_the_answer_and_its_charge_commit_together_or_not_at_all(
     make_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -101,6 +103,7 @@ def test_the_answer_and_its_charge_commit_together_or_not_at_all(
     )
 
 
+@ON_BOTH
 def test_a_sessions_writer_stays_open_between_its_runs(make_client: Any) -> None:
     client, app = make_client()
     _, key = project_with_key(app)

@@ -3,6 +3,8 @@
 :func:`migrate` runs at start (``kyronix serve``) and before every CLI command that touches the
 database: it upgrades an older database to the newest revision this kyronix knows, and refuses,
 with a clear message, a database written by a newer kyronix (a revision this one does not know).
+The same scripts run on SQLite and PostgreSQL (on PostgreSQL, under an advisory lock: two
+processes starting at once upgrade once).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["DatabaseTooNew", "head", "migrate"]
 
 HERE = Path(__file__).resolve().parent
+MIGRATION_LOCK_KEY = 0x6B786D696772  # "kxmigr": PostgreSQL's advisory lock around an upgrade
 
 
 class DatabaseTooNew(KyronixUsageError):
@@ -45,6 +48,7 @@ def migrate(db: object) -> str:
     from alembic import command
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
+    from sqlalchemy import Connection, text
 
     from kyronix.server.db import Database
 
@@ -58,13 +62,16 @@ def migrate(db: object) -> str:
         conn.rollback()
     if current is not None and current not in known:
         raise DatabaseTooNew(
-            f"the database {db.url} was written by a newer kyronix (schema revision {current}; "
+            f"the database {db.engine.url.render_as_string(hide_password=True)} was written by a "
+            f"newer kyronix (schema revision {current}; "
             f"this kyronix knows up to {newest}). Upgrade kyronix, or point --db at another "
             f"database; nothing was changed."
         )
     if current != newest:
 
-        def upgrade(conn: object) -> None:
+        def upgrade(conn: Connection) -> None:
+            if not db.is_sqlite:  # another process migrating waits, then finds nothing to do
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
 
