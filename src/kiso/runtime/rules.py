@@ -27,6 +27,7 @@ from typing import Any
 
 from kiso.kernel import ToolCall, UsageError
 from kiso.kernel.layout import make_private_dirs
+from kiso.runtime.globs import glob_regex
 from kiso.tools.base import Effects, Tool
 
 __all__ = ["RULES_FILE", "Rule", "RulesError", "RulesFile", "destructive", "rule_for"]
@@ -91,22 +92,7 @@ def _protected(relative: str) -> bool:
 
 
 def _glob(pattern: str) -> re.Pattern[str]:
-    out = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out))
+    return glob_regex(pattern)
 
 
 def destructive(command: str, workspace: Path) -> bool:

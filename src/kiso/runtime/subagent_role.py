@@ -36,6 +36,7 @@ from pathlib import Path
 
 from kiso.kernel import UsageError
 from kiso.kernel.ids import SESSION_ID_PATTERN
+from kiso.runtime.globs import glob_regex
 from kiso.runtime.hooks import CallContext, Hook, Verdict
 from kiso.tools.base import Effects, Tool
 
@@ -168,22 +169,4 @@ def _glob(glob: str) -> re.Pattern[str]:
     text = glob.strip().strip("/")
     while text.startswith("./"):
         text = text[2:]
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        if text.startswith("**/", i):
-            out.append("(?:[^/]+/)*")
-            i += 3
-        elif text.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif text[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif text[i] == "?":
-            out.append("[^/]")
-            i += 1
-        else:
-            out.append(re.escape(text[i]))
-            i += 1
-    return re.compile("".join(out))
+    return glob_regex(text, any_depth=True)
