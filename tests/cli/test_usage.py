@@ -595,3 +595,19 @@ def test_the_system_prompt_flags_reach_the_interactive_session(
     assert kind == "interactive"
     assert kw["options"] == ["Be brief.", str((tmp_path / "sys.md").resolve())]
     assert kw["prompt"] == ("fix it now" if "fix it now" in args else None)
+
+
+def test_a_prompt_bigger_than_the_window_is_refused_and_creates_no_session(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    s = script(tmp_path, {"text": "never"})
+    out = piped(
+        tmp_path, ("-p", "-", "toobig"), b"word " * 4000, KISO_HOME=str(home),
+        KISO_FAUX_SCRIPT=s, KISO_CONTEXT_WINDOW="3000",
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    said = out.stderr.decode()
+    assert "~5,00" in said and "3,000 tokens (set by KISO_CONTEXT_WINDOW)" in said
+    assert "nothing was recorded" in said
+    assert not list(home.rglob("toobig.*"))  # no log, no lock: `kiso sessions` shows nothing

@@ -212,8 +212,9 @@ def test_a_workspace_that_is_not_a_repository_starts_nothing(tmp_path: Path) -> 
     repo, empty, many, role, check, scope = (str(a) for a in answers)
     assert f"the workspace {w.ws} is not a git repository" in repo
     assert "nothing was started" in repo
-    assert "tasks" in empty and "should be non-empty" in empty
-    assert "tasks" in many and "is too long" in many
+    assert "tasks: at least 1 items (got 0)" in empty
+    assert "tasks: at most 8 items (got 9)" in many
+    assert "'explorer'" not in many  # the bound and the size, not the whole list back
     assert "boss" in role and "is not one of" in role
     assert "no check named 'lint' is configured (defined: t)" in check
     assert "must not contain '..'" in scope

@@ -31,7 +31,7 @@ import click
 
 from kiso.kernel import Assistant, Event, KisoError, Outcome, Ruling, RunStarted, parse_ruling
 from kiso.runtime import STREAM_VERSION, Session, stream
-from kiso.runtime.session import PromptTooLargeError
+from kiso.runtime.session import PromptTooLargeError, check_prompt_fits
 
 if TYPE_CHECKING:
     from kiso.cli.attach import Expansion
@@ -71,6 +71,8 @@ def run_headless(
         given = PromptInput(prompt) if isinstance(prompt, str) else prompt
         sent = _attached(given, setup) if given is not None else None
         ruling = parse_ruling(resolve) if resolve is not None else None
+        if sent is not None:
+            check_prompt_fits(sent.prompt, setup.agent)  # before a session file exists
         with open_session(setup, session_id, headless=True, must_exist=must_exist) as session:
             out.on_closed = lambda: session.abort("output closed")
             out.note(f"session {session.id} · {setup.resolved.describe()} · mode {session.mode}")

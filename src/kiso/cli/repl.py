@@ -52,6 +52,7 @@ from kiso.runtime import Session, stream
 from kiso.runtime.approvals import check_mode
 from kiso.runtime.context import Ledger, ledger
 from kiso.runtime.prompt import estimate_tokens
+from kiso.runtime.session import check_prompt_fits
 from kiso.runtime.skills import find_skill, skill_turn, skills_prompt
 from kiso.tools.tasks import TASKS_TOOL, current_tasks, render_tasks
 
@@ -487,6 +488,11 @@ class Repl:
             return
         for line in sent.notes:
             await self.screen.show(Text(line, style="dim"))
+        try:
+            check_prompt_fits(sent.prompt, self.setup.agent)  # before a session is created
+        except KisoError as exc:
+            await self.screen.show(error_text(f"✗ {exc}"))
+            return
         session = await self.open()
         if session is None:
             return

@@ -191,13 +191,30 @@ class Agent:
         first = errors[0]
         where = "/".join(str(p) for p in first.absolute_path) or "the input"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return f"{where}: {first.message}{more}"
+        return f"{where}: {_said(first)}{more}"
 
     def child_env(self) -> Mapping[str, str]:
         """The environment for children a model can drive: this process's, credentials stripped."""
         from kiso.tools.env import child_env
 
         return child_env(os.environ, also_strip=self.strip_env)
+
+
+_BOUNDS = {
+    "maxItems": ("at most", "items"),
+    "minItems": ("at least", "items"),
+    "maxLength": ("at most", "characters"),
+    "minLength": ("at least", "characters"),
+}
+
+
+def _said(error: Any) -> str:
+    """A schema error in a line: a size bound says the bound and the size, not the value (the
+    value of a too-long list is the whole list)."""
+    bound = _BOUNDS.get(error.validator)
+    if bound is not None and isinstance(error.instance, list | str):
+        return f"{bound[0]} {error.validator_value} {bound[1]} (got {len(error.instance)})"
+    return str(error.message)
 
 
 def _default_adapter(model: str | None) -> Adapter:

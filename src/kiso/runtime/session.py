@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from kiso.runtime.agent import Agent
     from kiso.runtime.offers import Offer
 
-__all__ = ["PromptTooLargeError", "Session"]
+__all__ = ["PromptTooLargeError", "Session", "check_prompt_fits"]
 
 RULING_WAIT_S = 5.0
 """How long a ruling waits for an uncertain execution's processes to go before refusing."""
@@ -419,6 +419,12 @@ class Session:
 class PromptTooLargeError(UsageError):
     """A prompt that alone exceeds the model's whole context window: refused before anything
     is recorded, so the session is not left with an input no request can carry."""
+
+
+def check_prompt_fits(content: str | Sequence[UserBlock], agent: Agent) -> None:
+    """Refuse (:class:`PromptTooLargeError`) a prompt that alone exceeds the model's window;
+    edges call it before they open or create a session, so a refusal leaves nothing behind."""
+    _check_prompt_fits(content if isinstance(content, str) else tuple(content), agent)
 
 
 def _check_prompt_fits(content: str | tuple[UserBlock, ...], agent: Agent) -> None:

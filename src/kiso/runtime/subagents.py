@@ -235,7 +235,8 @@ class _Delegation:
                 if problem is not None:
                     return _invalid(f"{where}.scope: {problem}")
             if scope and role in READ_ONLY_ROLES:
-                return _invalid(f"{where}: a {role} writes nothing, so it takes no scope")
+                article = "an" if role[0] in "aeiou" else "a"
+                return _invalid(f"{where}: {article} {role} writes nothing, so it takes no scope")
             check = item.get("acceptance")
             if check is not None and not isinstance(check, str):
                 return _invalid(f"{where}.acceptance must be the name of a configured check")
@@ -398,7 +399,10 @@ class _Delegation:
                 ok = ok and passed
                 lines.append(check_text)
             if dirty:
-                lines.append(f"worktree kept (it has changes): {tree}")
+                lines.append(
+                    f"worktree kept (it has changes): {tree}, made from commit {base[:12]}; "
+                    f"apply it with: git -C {tree} diff {base[:12]} | git apply"
+                )
                 lines += ["diff:", changes]
             else:
                 self._remove(tree)

@@ -172,7 +172,8 @@ def add_commands(group: click.Group) -> None:
         until = datetime.fromtimestamp(expires / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
         click.echo(
             f"a one-time sign-in link for {login}: it works once, until {until}; send it over a "
-            f"private channel",
+            f"private channel"
+            + ("" if base_url else f" (the link assumes the server is at {base}; --url sets it)"),
             err=True,
         )
 

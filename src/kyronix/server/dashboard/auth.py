@@ -275,8 +275,8 @@ def _used_link() -> SignInFailed:
     return SignInFailed(
         400,
         "Sign-in link not valid",
-        "this sign-in link was already used or has expired; ask for a new one (`kyronix users "
-        "invite NAME` on the server, or restart `kyronix serve` for the owner's link)",
+        "this sign-in link was already used or has expired; ask for a new one (kyronix users "
+        "invite NAME on the server, or restart kyronix serve for the owner's link)",
     )
 
 
