@@ -100,3 +100,25 @@ def test_a_broken_config_fails_loudly_naming_the_file(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert str(home / "config.json") in out.stderr and "remove the //" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_refused_or_failed_call_is_said_on_stderr_in_text_mode(tmp_path: Path) -> None:
+    ws, home = tmp_path / "ws", tmp_path / "home"
+    ws.mkdir()
+    s = tmp_path / "s.json"
+    s.write_text(
+        json.dumps(
+            {
+                "turns": [
+                    {"tool_calls": [{"name": "read_file", "input": {"nope": 1}}]},
+                    {"tool_calls": [{"name": "read_file", "input": {"path": "missing.txt"}}]},
+                    {"text": "done"},
+                ]
+            }
+        )
+    )
+    out = kiso(ws, "-p", "look", "--mode", "bypass", KISO_HOME=str(home), KISO_FAUX_SCRIPT=str(s))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "done\n"
+    assert "denied read_file (schema): invalid input for read_file" in out.stderr
+    assert "[read_file] failed: " in out.stderr and "missing.txt" in out.stderr

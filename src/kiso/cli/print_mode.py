@@ -231,6 +231,17 @@ class _Output:
                     self.held = ev.event.text
             elif isinstance(ev, stream.ToolStart):
                 self._echo(f"[{ev.call.name}]", err=True)
+            elif isinstance(ev, stream.ToolEnd) and ev.event.is_error:
+                said = ev.event.content.strip().splitlines()
+                first = said[0] if said else "(no message)"
+                self._echo(f"[{ev.call.name}] failed: {first}", err=True)
+            elif (
+                isinstance(ev, stream.Decision)
+                and ev.event.decision == "denied"
+                and ev.event.decided_by != "headless"  # those get their own note
+            ):
+                name = ev.call.name if ev.call is not None else ev.event.call_id
+                self._echo(f"denied {name} ({ev.event.decided_by}): {ev.event.reason}", err=True)
             elif isinstance(ev, stream.Compaction) or (
                 isinstance(ev, stream.CompactionFailed) and ev.counted
             ):

@@ -572,10 +572,14 @@ def _summary(store: JsonlSessionStore, child: str) -> tuple[str | None, str, int
 
 
 def _prompt(task: _Task, parent: str, checks: Mapping[str, str]) -> str:
+    """The child's prompt; its first line is the task's own (what ``kiso sessions`` lists)."""
+    first, _, rest = task.task.strip().partition("\n")
     parts = [
+        first,
+        *([rest.strip()] if rest.strip() else []),
         f"You are {'an' if task.role[0] in 'aeiou' else 'a'} {task.role} subagent of kiso "
-        f"session {parent}, working on one task alone: "
-        f"nobody will answer questions, and you cannot delegate.",
+        f"session {parent}, working on the task above alone: nobody will answer questions, "
+        f"and you cannot delegate.",
         _ROLE_BRIEF[task.role],
     ]
     if task.scope:
@@ -589,10 +593,7 @@ def _prompt(task: _Task, parent: str, checks: Mapping[str, str]) -> str:
             f"When you finish, the parent runs the check {task.acceptance!r} "
             f"(`{checks[task.acceptance]}`) in your workspace."
         )
-    parts += [
-        f"Task:\n{task.task}",
-        "End with a short report: what you did or found, and anything left undone.",
-    ]
+    parts.append("End with a short report: what you did or found, and anything left undone.")
     return "\n\n".join(parts)
 
 
