@@ -83,6 +83,7 @@ def _http(portfile: str) -> None:
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # listening before the port is published: early connects queue, not fail
     port = sock.getsockname()[1]
     config = uvicorn.Config(guarded, log_level="warning", lifespan="on")
     userver = uvicorn.Server(config)
