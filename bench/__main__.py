@@ -11,6 +11,7 @@ from bench import (
     executer,
     kml,
     load,
+    replicas,
     runtime,
     server,
     size,
@@ -35,6 +36,7 @@ def main() -> None:
         concurrency.run(5, 3, repeat=1)
         server.run(40, 40, 4)
         tunnel.run(200)
+        replicas.run(30, 40, 4, 1)
     else:
         append.run(10_000, 3)
         load.run(100_000, 5)
@@ -46,6 +48,7 @@ def main() -> None:
         concurrency.run(50, 20, repeat=3)
         server.run()
         tunnel.run()
+        replicas.run()
 
 
 if __name__ == "__main__":

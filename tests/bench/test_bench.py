@@ -35,7 +35,9 @@ def test_every_benchmark_runs(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr
-    for name in ("append", "load", "size", "kml", "executer", "concurrency", "server", "tunnel"):
+    names = ("append", "load", "size", "kml", "executer", "concurrency", "server", "tunnel",
+             "replicas")  # fmt: skip
+    for name in names:
         assert f"\n{name} " in "\n" + out.stdout, out.stdout
     assert "ratio" in out.stdout
 

@@ -111,7 +111,9 @@ __all__ = [
     "events",
     "make_engine",
     "metadata",
+    "process_identity",
     "sessions",
+    "this_process",
     "write_lock",
     "writers",
     "writing",
@@ -157,7 +159,7 @@ class _Holder:
     @classmethod
     def me(cls) -> _Holder:
         now = wall_clock_ms()
-        pid, host, process = _myself()
+        pid, host, process = this_process()
         return cls(secrets.token_hex(16), pid, host, process, now, now)
 
     @classmethod
@@ -193,16 +195,16 @@ def _boot_id() -> str:
 _me: tuple[int, str, str | None] | None = None
 
 
-def _myself() -> tuple[int, str, str | None]:
+def this_process() -> tuple[int, str, str | None]:
     """This process's pid, host and identity (read once per process: a fork reads again)."""
     global _me
     pid = os.getpid()
     if _me is None or _me[0] != pid:
-        _me = (pid, socket.gethostname(), _identity(pid))
+        _me = (pid, socket.gethostname(), process_identity(pid))
     return _me
 
 
-def _identity(pid: int) -> str | None:
+def process_identity(pid: int) -> str | None:
     """``"<boot id>:<start time>"`` of live process ``pid``, ``""`` when it lives but cannot be
     told apart from a later process with the same pid (no ``/proc``), ``None`` when it is gone
     (a zombie, dead and waiting to be reaped, is gone)."""
@@ -769,7 +771,7 @@ class SqlSessionStore:
     def _stale(self, holder: _Holder) -> bool:
         """Whether ``holder``'s lease may be taken over: its process is gone."""
         if holder.host == socket.gethostname():
-            now = _identity(holder.pid)
+            now = process_identity(holder.pid)
             if now is None:
                 return True  # no such process
             if not now or not holder.process:

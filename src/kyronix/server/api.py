@@ -407,13 +407,7 @@ def _sse(handle: RunHandle, last_event_id: str | None) -> EventSourceResponse:
                 if attempt + 1 < len(handle.texts):
                     attempt, offset = attempt + 1, 0
                     yield ServerSentEvent(
-                        json.dumps(
-                            {
-                                "attempt": attempt,
-                                "reason": "the answer did not fit the agent's tools; the model "
-                                "was asked again: discard the text so far",
-                            }
-                        ),
+                        json.dumps({"attempt": attempt, "reason": handle.reason(attempt)}),
                         event="attempt",
                         id=f"{attempt}:0",
                     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -193,30 +194,52 @@ def create_app(
     config.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     sessions = store if store is not None else make_session_store(config, db)
     models = choose_model(config)
+    cluster = None
+    if not db.is_sqlite:  # PostgreSQL: any number of replicas on the one database
+        from kyronix.server.cluster import Cluster
+
+        cluster = Cluster(
+            db,
+            f"srv_{secrets.token_hex(6)}",
+            timeout=config.replica_timeout,
+            notify=config.notify,
+        )
     state = AppState(
         config=config,
         db=db,
         store=sessions,
-        manager=RunManager(config, db, sessions, models),
+        manager=RunManager(config, db, sessions, models, cluster=cluster),
         secret=load_secret(config.home, config.key_secret),
         limiter=RateLimiter(config.rate_per_minute, config.rate_burst),
     )
-    state.relay = tunnel.Relay(on_results=state.manager.record_results)
+    state.relay = tunnel.Relay(on_results=state.manager.record_results, cluster=cluster)
     state.manager.relay = state.relay
+    if cluster is not None:
+        cluster.handlers["record"] = state.manager._remote_record
+        cluster.handlers["release"] = state.manager._remote_release
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        tasks: list[asyncio.Task[Any]] = []
+        if cluster is not None:  # registered before the first run: nobody takes its runs
+            await asyncio.to_thread(cluster.register)
+            tasks.append(loop.create_task(cluster.listen_forever()))
+            tasks.append(loop.create_task(cluster.sweep_forever()))
+            log.info("replica %s of the database's servers", cluster.id)
         stale, resumable = await asyncio.to_thread(state.manager.sweep_at_start)
         if stale:
             log.info("start sweep: %d run(s) left by a stopped server recorded interrupted", stale)
         await state.manager.resume_tunnel_runs(resumable)
-        sweeper = asyncio.get_running_loop().create_task(state.manager.sweep_forever())
-        heart = asyncio.get_running_loop().create_task(tunnel.heartbeat_forever(state.relay))
+        tasks.append(loop.create_task(state.manager.sweep_forever()))
+        tasks.append(loop.create_task(tunnel.heartbeat_forever(state.relay)))
+        if cluster is not None:
+            tasks.append(loop.create_task(state.manager.watch_replicas_forever()))
         try:
             yield
         finally:
             state.begin_drain()
-            for task in (sweeper, heart):
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -226,6 +249,8 @@ def create_app(
             await asyncio.to_thread(state.manager.close_idle)
             if state.background:
                 await asyncio.gather(*state.background, return_exceptions=True)
+            if cluster is not None:  # a clean stop: nothing of this replica is left to take over
+                await asyncio.to_thread(cluster.unregister)
             db.close()
 
     app = FastAPI(

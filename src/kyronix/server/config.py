@@ -19,7 +19,8 @@ Environment variables override the file: ``KYRONIX_DATABASE_URL`` (``--db`` wins
 ``KYRONIX_MODEL`` (a profile name or
 ``provider/model``), ``KYRONIX_MULTIPLIER``, ``KYRONIX_RATE_LIMIT`` (requests per minute per key),
 ``KYRONIX_RATE_BURST``, ``KYRONIX_CORS`` (comma-separated origins), ``KYRONIX_SCRIPTED_DELAY_MS``,
-``KYRONIX_DRAIN_TIMEOUT``, ``KYRONIX_KEY_SECRET``; the dashboard's sign-in:
+``KYRONIX_DRAIN_TIMEOUT``, ``KYRONIX_KEY_SECRET``; with several replicas on PostgreSQL
+``KYRONIX_REPLICA_TIMEOUT`` and ``KYRONIX_NOTIFY`` (docs/deploy.md); the dashboard's sign-in:
 ``KYRONIX_GITHUB_CLIENT_ID``, ``KYRONIX_GITHUB_CLIENT_SECRET``, ``KYRONIX_GITHUB_URL``,
 ``KYRONIX_GITHUB_API_URL``, ``KYRONIX_PUBLIC_URL`` (docs/dashboard.md). Credits are kept as
 integer millicredits inside; the API shows credits as numbers (``99.5``).
@@ -101,6 +102,12 @@ class ServerConfig:
     model: str | None = None
     """``KYRONIX_MODEL``: a profile of config.json or ``provider/model``; None: config.json's."""
     sweep_interval: float = 60.0
+    replica_timeout: float = 15.0
+    """Seconds without a heartbeat after which a replica is dead and its runs are taken over
+    (PostgreSQL, several replicas; one on the same host is seen dead at once)."""
+    notify: bool = True
+    """Replicas wake each other with LISTEN/NOTIFY; False: the mailbox sweep alone (a pooler in
+    transaction mode, where LISTEN does not work)."""
     key_secret: bytes | None = field(default=None, repr=False)
     github_client_id: str | None = None
     """``KYRONIX_GITHUB_CLIENT_ID``: with the secret, the dashboard signs in with GitHub."""
@@ -152,6 +159,8 @@ _KEYS = {
     "kmlGrammar": "true or false",
     "maxBody": "an integer number of bytes > 0",
     "sweepInterval": "seconds > 0",
+    "replicaTimeout": "seconds > 0",
+    "notify": "true or false",
 }
 
 
@@ -250,6 +259,12 @@ def load_server_config(
             if not isinstance(value, bool):
                 raise KyronixUsageError(f"{path}: kmlGrammar: must be true or false")
             changes["kml_grammar"] = value
+        elif key == "replicaTimeout":
+            changes["replica_timeout"] = _number(path, key, value, low=0, strict=True)
+        elif key == "notify":
+            if not isinstance(value, bool):
+                raise KyronixUsageError(f"{path}: notify: must be true or false")
+            changes["notify"] = value
         elif key == "maxBody":
             changes["max_body"] = int(_number(path, key, value, low=0, strict=True))
     changes.update(_from_env(env))
@@ -287,6 +302,13 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         out["hold_ttl"] = v
     if (v := _env_number(env, "KYRONIX_SWEEP_INTERVAL", low=0.001)) is not None:
         out["sweep_interval"] = v
+    if (v := _env_number(env, "KYRONIX_REPLICA_TIMEOUT", low=0.001)) is not None:
+        out["replica_timeout"] = v
+    raw_notify = env.get("KYRONIX_NOTIFY", "").strip().lower()
+    if raw_notify:
+        if raw_notify not in ("0", "1", "true", "false", "on", "off"):
+            raise KyronixUsageError(f"$KYRONIX_NOTIFY: must be 1 or 0, got {raw_notify!r}")
+        out["notify"] = raw_notify in ("1", "true", "on")
     if env.get("KYRONIX_CORS"):
         out["cors"] = tuple(o.strip() for o in env["KYRONIX_CORS"].split(",") if o.strip())
     if env.get("KYRONIX_KEY_SECRET"):

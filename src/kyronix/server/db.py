@@ -43,10 +43,13 @@ __all__ = [
     "executions",
     "holds",
     "ledger",
+    "mailbox",
     "memberships",
     "metadata",
     "now_ms",
+    "presence",
     "projects",
+    "replicas",
     "runs",
     "sessions",
     "signin_links",
@@ -206,6 +209,44 @@ signin_links = Table(
     Column("expires_at", BigInteger, nullable=False),
     Column("used_at", BigInteger),  # set once: a link signs in once
 )
+
+
+replicas = Table(
+    "kx_replicas",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("process", String(128)),  # "<boot id>:<start time>": tells it from a later pid
+    Column("started_at", BigInteger, nullable=False),
+    Column("heartbeat_at", BigInteger, nullable=False),
+)
+"""The running servers (replicas) of this database, each with its last heartbeat (0006)."""
+
+presence = Table(
+    "kx_presence",
+    metadata,
+    Column("project_id", String(64), primary_key=True),
+    Column("executer_id", String(64), primary_key=True),
+    Column("replica_id", String(64), nullable=False),
+    Column("connected_at", BigInteger, nullable=False),
+    Column("seen_at", BigInteger, nullable=False),  # last heard from (its pings)
+)
+"""Which replica each connected executer is connected to."""
+
+mailbox = Table(
+    "kx_mailbox",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("target", String(64), nullable=False),  # the replica it is for
+    Column("kind", String(16), nullable=False),
+    Column("body", Text, nullable=False),  # JSON
+    Column("created_at", BigInteger, nullable=False),
+    Index("kx_mailbox_target", "target", "id"),
+)
+"""Frames for another replica: a row each, named by ``NOTIFY kx_<replica>`` (payload: its id)."""
 
 
 def now_ms() -> int:

@@ -52,11 +52,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, bindparam, select, update
 
 from kiso.kernel import (
+    Assistant,
     Event,
     ModelRef,
     Outcome,
     RunEnded,
     RunStarted,
+    SessionLockedError,
     SessionNotFoundError,
     SessionStore,
     SettingChanged,
@@ -83,11 +85,20 @@ from kyronix.server.agents import (
     finalize,
 )
 from kyronix.server.config import MILLI, ServerConfig, to_credits
-from kyronix.server.db import Database, custom_agents, executions, now_ms, runs, sessions
+from kyronix.server.db import (
+    Database,
+    custom_agents,
+    executions,
+    now_ms,
+    replicas,
+    runs,
+    sessions,
+)
 from kyronix.server.driven import TunnelAgent, results_of_run, tunnel_tools
 from kyronix.server.errors import ApiError, error_body, not_found
 
 if TYPE_CHECKING:
+    from kyronix.server.cluster import Cluster
     from kyronix.server.models import ModelChoice
     from kyronix.server.tunnel import Relay
 
@@ -112,6 +123,15 @@ OPEN_SESSIONS = 256
 """How many idle kiso sessions stay open (their writer lease held) for their next run."""
 IDLE_S = 300.0
 """How long an idle kiso session stays open before the sweep closes it."""
+RELEASE_WAIT_S = 10.0
+"""How long a run waits for another replica to let go of the session it keeps open."""
+RETRIED = (
+    "the answer did not fit the agent's tools; the model was asked again: discard the text so far"
+)
+TAKEN_OVER = (
+    "the server running this run stopped; another resumed it from its session log: discard the "
+    "text so far (what follows is the run's text again, from its start)"
+)
 
 # Built once: the statements on every run's path (reused with parameters, SQLAlchemy skips
 # building them and their cache keys again).
@@ -176,6 +196,8 @@ class RunHandle:
         self.session_id = session_id
         self.project_id = project_id
         self.texts: list[str] = [""]
+        self.reasons: dict[int, str] = {}
+        """Why each attempt after the first began (the stream's ``attempt`` event says it)."""
         self.writer: Any = None
         """The new kiso session's writer, when it was created with the admission."""
         self.status: int | None = None
@@ -201,9 +223,13 @@ class RunHandle:
         self.texts[-1] += text
         self._wake()
 
-    def new_attempt(self) -> None:
+    def new_attempt(self, reason: str = RETRIED) -> None:
         self.texts.append("")
+        self.reasons[len(self.texts) - 1] = reason
         self._wake()
+
+    def reason(self, attempt: int) -> str:
+        return self.reasons.get(attempt, RETRIED)
 
     def finish(self, status: int, body: dict[str, Any]) -> None:
         self.status, self.body = status, body
@@ -364,12 +390,17 @@ class RunManager:
         models: ModelChoice,
         *,
         owner: str | None = None,
+        cluster: Cluster | None = None,
     ) -> None:
         self.config = config
         self.db = db
         self.store = store
         self.models = models
-        self.owner = owner or f"srv_{secrets.token_hex(6)}"
+        self.cluster = cluster
+        """Several replicas on one database (PostgreSQL): runs of a dead one are taken over."""
+        self.owner = cluster.id if cluster is not None else owner or f"srv_{secrets.token_hex(6)}"
+        self._watching: dict[str, RunHandle] = {}
+        """Runs of other replicas that a stream here follows (from the database)."""
         self.live: dict[str, RunHandle] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._agents: dict[str, Agent] = {}
@@ -557,7 +588,7 @@ class RunManager:
     async def start(self, req: RunRequest) -> tuple[RunHandle, bool]:
         """Admit the run and start it in the background; (handle, True if new)."""
         if req.execute == "tunnel" and (
-            self.relay is None or self.relay.connected(req.project_id) == 0
+            self.relay is None or await self.relay.reachable(req.project_id) == 0
         ):
             raise ApiError(
                 409,
@@ -593,9 +624,54 @@ class RunManager:
             ).first()
 
         row = await asyncio.to_thread(self.db.read, load)
+        if row is not None and row.status == "running" and self.cluster is not None:
+            return self._watch(row)  # running on another replica: follow it
         if row is None or row.status == "running":
             raise not_found("run", run_id)
         return self._from_row(row)
+
+    def _watch(self, row: Any) -> RunHandle:
+        """A handle for a run another replica runs: it ends when the run's row does (its texts
+        are the transcript that replica streamed), or follows this replica's own handle if
+        this one takes the run over."""
+        handle = self._watching.get(row.id)
+        if handle is not None:
+            return handle
+        handle = self._watching[row.id] = RunHandle(row.id, row.session_id, row.project_id)
+
+        async def follow() -> None:
+            try:
+                while True:
+                    live = self.live.get(row.id)
+                    if live is not None:  # taken over by this replica
+                        handle.texts, handle.reasons = live.texts, live.reasons
+                        while not live.done:
+                            await live.wait_change()
+                            handle._wake()
+                        assert live.status is not None and live.body is not None
+                        handle.finish(live.status, live.body)
+                        return
+                    now = await asyncio.to_thread(
+                        self.db.read,
+                        lambda c: c.execute(select(runs).where(runs.c.id == row.id)).first(),
+                    )
+                    if now is None or now.status != "running":
+                        gone = error_body("internal_error", "the run is gone")
+                        done = (
+                            self._from_row(now)
+                            if now is not None
+                            else RunHandle.finished(row, [], 500, gone)
+                        )
+                        handle.texts = done.texts
+                        assert done.status is not None and done.body is not None
+                        handle.finish(done.status, done.body)
+                        return
+                    await asyncio.sleep(0.25)
+            finally:
+                self._watching.pop(row.id, None)
+
+        self._spawn(follow())
+        return handle
 
     # ------------------------------------------------------------------ execution
 
@@ -744,7 +820,22 @@ class RunManager:
             stale = entry[1]  # the custom agent (or the mode) changed: open again
         if stale is not None:
             await asyncio.to_thread(stale.close)
-        return await asyncio.to_thread(self._open_session, agent, handle, key[0])
+        try:
+            return await asyncio.to_thread(self._open_session, agent, handle, key[0])
+        except SessionLockedError:
+            holder = await asyncio.to_thread(self._holder_of, handle.session_id)
+            if holder is None or self.cluster is None:
+                raise
+        # another replica keeps it open between its runs: ask it to let go, then open it
+        await self.cluster.send(holder, "release", {"session": handle.session_id})
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while True:
+            await asyncio.sleep(0.02)
+            try:
+                return await asyncio.to_thread(self._open_session, agent, handle, key[0])
+            except SessionLockedError:
+                if time.monotonic() > deadline:
+                    raise
 
     async def _release(self, session_id: str, key: SessionKey, session: Session) -> None:
         """Keep the session open for its next run; close the least recently used past the cap."""
@@ -869,6 +960,11 @@ class RunManager:
         text = ""
         ended: Outcome | None = None
         kiso_run: str | None = session.fold.open_run if resume else None
+        if resume:  # the stream starts again: this run's text so far, from the log
+            handle.new_attempt(TAKEN_OVER)
+            this = kiso_run or _last_run(session.events)
+            said = [e.text for e in session.events if isinstance(e, Assistant) and e.run == this]
+            handle.add_text("".join(said))
         stream = (
             session.resume()
             if resume
@@ -894,7 +990,7 @@ class RunManager:
                     "model_error", f"the run did not finish: {why}",
                     {"runId": handle.id, "results": results},
                 ),
-                texts=[text], usage=meter.usage,
+                texts=list(handle.texts), usage=meter.usage,
                 result={"runId": handle.id, "status": "failed", "response": "", "results": results},
             )  # fmt: skip
         charge = self._charge(meter.usd)
@@ -914,7 +1010,7 @@ class RunManager:
             "runId": handle.id, "status": "completed", "response": text,
             "executionIds": ids, "cost": to_credits(charge), "results": results,
         }  # fmt: skip
-        outcome = _Outcome(200, body, charge, [text], meter.usage, result)
+        outcome = _Outcome(200, body, charge, list(handle.texts), meter.usage, result)
         if self._in_tx:  # the answer, its results and the charge: one transaction
             (staged,) = session.stage(SettingChanged(key=RESULT_KEY, value=result))
             outcome.recorded = True
@@ -970,7 +1066,7 @@ class RunManager:
         ):  # None: not a plan of ours (or the server's own loop: kiso records it)
             await self._record(target, value)
 
-    async def _record(self, target: str, value: dict[str, Any]) -> None:
+    async def _record(self, target: str, value: dict[str, Any], *, forwarded: bool = False) -> None:
         try:
             async with self._lock(target):
                 if target in self._busy:
@@ -983,8 +1079,30 @@ class RunManager:
                     await entry[1].committed()
                     return
                 await asyncio.to_thread(self._append_closed, target, value)
+        except SessionLockedError:
+            # another replica has the session open (running it, or idle between its runs): it
+            # records them, as this one would
+            holder = None if forwarded else await asyncio.to_thread(self._holder_of, target)
+            if holder is not None and self.cluster is not None:
+                await self.cluster.send(holder, "record", {"session": target, "value": value})
+                return
+            log.warning("could not record request %s in session %s: it is in use elsewhere",
+                        value.get("requestId"), target)  # fmt: skip
         except Exception:
             log.warning("could not record request %s in session %s", value.get("requestId"), target)
+
+    def _holder_of(self, session_id: str) -> str | None:
+        """The replica holding the session's writer lease, if another than this one."""
+        if self.cluster is None:
+            return None
+        return self.cluster.lease_holder(session_id)
+
+    async def _remote_record(self, body: dict[str, Any]) -> None:
+        await self._record(str(body["session"]), body["value"], forwarded=True)
+
+    async def _remote_release(self, body: dict[str, Any]) -> None:
+        """Another replica needs a session this one keeps open between runs: let it go."""
+        await asyncio.to_thread(self._evict, str(body["session"]))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -1214,22 +1332,87 @@ class RunManager:
             writer.close()
 
     def sweep_at_start(self) -> tuple[int, list[Any]]:
-        """Every run still ``running`` belongs to a dead server (one server per database): a
-        plan run is recorded interrupted; a server-driven one is returned, to be resumed."""
-
-        def load(conn: Connection) -> list[Any]:
-            return list(conn.execute(select(runs).where(runs.c.status == "running")))
-
-        stale = self.db.read(load)
-        resumable = [r for r in stale if r.mode == "tunnel" and self.relay is not None]
-        for row in stale:
-            if row not in resumable:
-                self.interrupt_sync(row.id, "server restart")
+        """At start: take over the runs no live server runs (with one server, every run still
+        ``running``: its server was killed). See :meth:`take_over`."""
+        stale, resumable = self.take_over(why="server restart")
         self._sweep_holds(live={r.id for r in resumable})
-        return len(stale) - len(resumable), resumable
+        return stale, resumable
+
+    def take_over(self, *, why: str = "its server stopped") -> tuple[int, list[Any]]:
+        """Claim every ``running`` run whose server is not alive (one statement: a run goes to
+        exactly one replica), then: a plan run is recorded interrupted; a server-driven run is
+        returned, to be resumed from its session log. Returns (interrupted, to resume)."""
+        live: Any
+        dead: list[str] = []
+        if self.cluster is None:
+            live = {self.owner}
+        else:
+            _, dead = self.cluster.liveness()
+            fresh = now_ms() - int(self.cluster.timeout * 1000)
+            live = select(replicas.c.id).where(
+                (replicas.c.heartbeat_at > fresh) & replicas.c.id.not_in(dead)
+            )  # in the claiming statement: a replica registers before its first run
+
+        def claim(conn: Connection) -> list[Any]:
+            return list(
+                conn.execute(
+                    update(runs)
+                    .where(
+                        (runs.c.status == "running")
+                        & (runs.c.owner != self.owner)
+                        & runs.c.owner.not_in(live)
+                    )
+                    .values(owner=self.owner)
+                    .returning(*runs.c)
+                )
+            )
+
+        claimed = self.db.write(claim)
+        if self.cluster is not None and dead:
+            self.cluster.forget(dead)
+        resumable = [r for r in claimed if r.mode == "tunnel" and self.relay is not None]
+        for row in claimed:
+            if row not in resumable:
+                self.interrupt_sync(row.id, why)
+        if claimed:
+            log.info("took over %d run(s) left by a stopped server (%s)", len(claimed), why)
+        return len(claimed) - len(resumable), resumable
+
+    async def watch_replicas_forever(self) -> None:
+        """With several replicas: renew this one's heartbeat, and take over the runs of any that
+        died; each beat."""
+        assert self.cluster is not None
+        cluster = self.cluster
+        while True:
+            await asyncio.sleep(cluster.beat)
+            try:
+                await asyncio.to_thread(cluster.heartbeat)
+                await asyncio.to_thread(cluster.prune)
+                if self.relay is not None:
+                    await asyncio.to_thread(cluster.seen, self.relay.heard())
+                    await self.relay.reroute()
+                _, resumable = await asyncio.to_thread(self.take_over, why="replica lost")
+                if resumable:
+                    await self.resume_tunnel_runs(resumable)
+            except Exception:
+                log.exception("the replica heartbeat failed; it runs again in %gs", cluster.beat)
 
     def _sweep_holds(self, live: set[str]) -> int:
         expired = self.db.read(lambda c: billing.expired_holds(c, now_ms()))
+        if self.cluster is not None and expired:  # another replica's runs are its own to sweep
+            elsewhere = self.db.read(
+                lambda c: {
+                    r.id
+                    for r in c.execute(
+                        select(runs.c.id).where(
+                            runs.c.id.in_(expired)
+                            & (runs.c.status == "running")
+                            & (runs.c.owner != self.owner)
+                        )
+                    )
+                }
+            )
+            live = live | elsewhere
         count = 0
         for run_id in expired:
             if run_id in live:

@@ -1,13 +1,14 @@
-"""``kyronix serve``: one uvicorn process, one server per database, a graceful drain on SIGTERM.
+"""``kyronix serve``: one uvicorn process, a graceful drain on SIGTERM.
 
 SIGTERM (or Ctrl-C) starts the drain at once: ``/api`` answers 503 ``draining``, uvicorn stops
 accepting connections and lets requests in flight finish for up to ``drainTimeout`` seconds;
 then every run still going is recorded interrupted (its hold released) before the process exits.
 
-One server per database: ``serve`` holds an exclusive lock on ``<home>/server.lock`` and, on
-PostgreSQL, a session advisory lock in the database (``pg_try_advisory_lock``), so the start
-sweep (which interrupts every run it finds ``running``) can never touch a live server's runs.
-Several replicas on one PostgreSQL database are the next step (docs/deploy.md).
+On SQLite, one server per database: ``serve`` holds an exclusive lock on
+``<home>/server.lock``, so the start sweep (which takes over every run it finds ``running``)
+never touches a live server's runs. On PostgreSQL any number of replicas share the database:
+each registers itself and takes over only the runs of replicas that died
+(:mod:`kyronix.server.cluster`, docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import ipaddress
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,6 @@ from kyronix.errors import KyronixUsageError
 from kyronix.server.config import ServerConfig
 
 __all__ = ["is_loopback", "serve"]
-
-SERVER_LOCK_KEY = 0x6B79726F6E6978  # "kyronix": the advisory lock of the one server (PostgreSQL)
 
 log = logging.getLogger("kyronix.server")
 
@@ -53,43 +51,6 @@ def _lock(home: Path) -> int:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
-
-
-def _lock_database(url: str) -> Callable[[], None]:
-    """On PostgreSQL, hold the database's server lock until the returned function is called
-    (a session advisory lock on a connection of its own); elsewhere nothing to hold."""
-    from sqlalchemy import text
-    from sqlalchemy.pool import NullPool
-
-    from kiso.kernel.sql import make_engine
-
-    engine = make_engine(url, poolclass=NullPool)
-    if engine.url.get_backend_name() != "postgresql":
-        engine.dispose()
-        return lambda: None
-    conn = engine.connect()
-    try:
-        got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": SERVER_LOCK_KEY})
-        held = bool(got.scalar())
-        conn.commit()
-    except BaseException:
-        conn.close()
-        engine.dispose()
-        raise
-    if not held:
-        conn.close()
-        engine.dispose()
-        raise KyronixUsageError(
-            f"another kyronix server is already running on the database "
-            f"{engine.url.render_as_string(hide_password=True)} (it holds the database's server "
-            f"lock); stop it first, or give this one its own database"
-        )
-
-    def release() -> None:
-        conn.close()  # ends the session: the lock goes with it
-        engine.dispose()
-
-    return release
 
 
 async def _owner_link(state: Any, base: str) -> str:
@@ -121,12 +82,8 @@ def serve(
     from kyronix.server.config import ensure_home
 
     ensure_home(config.home)
-    lock = _lock(config.home)
-    try:
-        unlock_database = _lock_database(config.database_url)
-    except BaseException:
-        os.close(lock)
-        raise
+    sqlite = config.database_url.startswith("sqlite")
+    lock = _lock(config.home) if sqlite else None
     try:
         app = create_app(config)
         state = app.state.kx
@@ -173,5 +130,5 @@ def serve(
         if not server.started:
             sys.exit(1)
     finally:
-        unlock_database()
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)

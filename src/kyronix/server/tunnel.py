@@ -14,6 +14,12 @@ The protocol is docs/tunnel.md. This module owns two things:
   (a bad one gets an ``error`` frame and the connection lives on) and hands it to the relay.
 
 Frames for another project never cross: every lookup is keyed by the connection's project.
+
+With several replicas on PostgreSQL (a :class:`~kyronix.server.cluster.Cluster`), a request
+whose executer is connected to another replica is sent on through the mailbox: this replica (the
+**origin**) keeps it pending, records its results and answers its client; the executer's replica
+only relays its frames back. Requests whose executer moved are sent again where it is now
+(:meth:`Relay.reroute`). docs/deploy.md says it for operators; ADR 0021 says why.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -37,6 +43,7 @@ from kyronix.server import accounts
 
 if TYPE_CHECKING:
     from kyronix.server.app import AppState
+    from kyronix.server.cluster import Cluster, Where
 
 __all__ = ["Peer", "Relay", "TunnelFailure", "websocket_endpoint"]
 
@@ -123,6 +130,11 @@ class _Pending:
     lost: bool = False
     """The executer's connection dropped while this was pending."""
     timer: asyncio.TimerHandle | None = None
+    remote: str | None = None
+    """The replica this was sent on to (its executer is connected there), or None: here."""
+    origin: str | None = None
+    """On the executer's replica, for a request sent on by another: that replica (it records
+    the results and answers its runtime client; this one only relays)."""
 
 
 ResultsHook = Callable[[str, str | None, dict[str, Any]], Awaitable[None]]
@@ -130,15 +142,45 @@ ResultsHook = Callable[[str, str | None, dict[str, Any]], Awaitable[None]]
 client gets them (keep it short: it is on the round trip)."""
 
 
+class _Sink(Protocol):
+    async def send(self, frame: dict[str, Any]) -> bool: ...
+
+
+@dataclass(eq=False)
+class _Replica:
+    """A runtime client on another replica, waiting for a ``resolved`` frame from here."""
+
+    cluster: Cluster
+    target: str
+    project_id: str
+
+    async def send(self, frame: dict[str, Any]) -> bool:
+        body = {"project": self.project_id, "frame": frame}
+        await self.cluster.send(self.target, "resolved", body)
+        return True
+
+
 class Relay:
-    def __init__(self, on_results: ResultsHook | None = None) -> None:
+    def __init__(
+        self, on_results: ResultsHook | None = None, cluster: Cluster | None = None
+    ) -> None:
         self.executers: dict[tuple[str, str], Peer] = {}
         self.pending: dict[tuple[str, str], _Pending] = {}
         self.results: OrderedDict[tuple[str, str], tuple[float, dict[str, Any]]] = OrderedDict()
-        self.resolves: dict[tuple[str, str], Peer] = {}
+        self.resolves: dict[tuple[str, str], _Sink] = {}
         self.on_results = on_results
+        self.cluster = cluster
+        """Several replicas on one database: executers on others are reached through it."""
         self._arrived: dict[str, asyncio.Event] = {}  # project -> set when an executer connects
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._presence: dict[tuple[str, str], asyncio.Lock] = {}
+        if cluster is not None:
+            cluster.handlers.update(
+                request=self._remote_request,
+                frame=self._remote_frame,
+                resolve=self._remote_resolve,
+                resolved=self._remote_resolved,
+            )
 
     # -- executers -------------------------------------------------------------------------
 
@@ -149,12 +191,16 @@ class Relay:
         self.executers[key] = peer
         if old is not None and old is not peer:
             await old.close(CLOSE_REPLACED, "replaced by a new connection of this executer")
+        if self.cluster is not None:  # before anything is sent: the others route here now
+            async with self._presence_lock(key):
+                await asyncio.to_thread(self.cluster.announce, *key)
         arrived = self._arrived.pop(peer.project_id, None)
         if arrived is not None:
             arrived.set()
         for pending in list(self.pending.values()):  # what waited for it goes out again
             if (pending.project_id, pending.executer_id) == key:
                 pending.lost = False
+                pending.remote = None  # it is here now, whichever replica it was sent to
                 await peer.send(pending.frame)
 
     def detach(self, peer: Peer) -> None:
@@ -163,11 +209,28 @@ class Relay:
             if self.executers.get(key) is peer:
                 del self.executers[key]
                 for pending in self.pending.values():
-                    if (pending.project_id, pending.executer_id) == key:
+                    if (pending.project_id, pending.executer_id) == key and not pending.remote:
                         pending.lost = True
+                if self.cluster is not None:
+                    self._spawn(self._withdraw(key))
         for rkey, waiting in list(self.resolves.items()):
             if waiting is peer:
                 del self.resolves[rkey]
+
+    def _presence_lock(self, key: tuple[str, str]) -> asyncio.Lock:
+        lock = self._presence.get(key)
+        if lock is None:
+            lock = self._presence[key] = asyncio.Lock()
+        return lock
+
+    async def _withdraw(self, key: tuple[str, str]) -> None:
+        """Remove the executer's presence, unless it connected here again meanwhile (presence
+        writes of one executer take turns: a late withdraw never undoes a new connection's)."""
+        assert self.cluster is not None
+        async with self._presence_lock(key):
+            if key in self.executers:
+                return
+            await asyncio.to_thread(self.cluster.withdraw, *key)
 
     def _choose(self, project_id: str, executer_id: str | None) -> Peer | None:
         if executer_id is not None:
@@ -180,23 +243,41 @@ class Relay:
                 return peer
         return mine[-1]  # the most recently connected
 
+    async def _route(self, project_id: str, executer_id: str | None) -> Peer | Where | None:
+        """The executer to send to: connected here, else on another replica, else None."""
+        peer = self._choose(project_id, executer_id)
+        if peer is not None or self.cluster is None:
+            return peer
+        return await asyncio.to_thread(self.cluster.locate, project_id, executer_id)
+
     async def wait_for_executer(
         self, project_id: str, executer_id: str | None, until: float
-    ) -> Peer:
+    ) -> Peer | Where:
         while True:
-            peer = self._choose(project_id, executer_id)
-            if peer is not None:
-                return peer
+            route = await self._route(project_id, executer_id)
+            if route is not None:
+                return route
             left = until - time.monotonic()
             if left <= 0:
                 raise TunnelFailure("no_executer", _no_executer_message(project_id, executer_id))
             event = self._arrived.setdefault(project_id, asyncio.Event())
+            if self.cluster is not None:  # one on another replica wakes nobody here: look again
+                left = min(left, 0.5)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), left)
 
     def connected(self, project_id: str) -> int:
-        """How many executers of the project are connected."""
+        """How many executers of the project are connected to this replica."""
         return sum(1 for proj, _ in self.executers if proj == project_id)
+
+    async def reachable(self, project_id: str) -> int:
+        """How many executers of the project this replica can reach (here or on another)."""
+        if self.cluster is None:
+            return self.connected(project_id)
+        return max(
+            self.connected(project_id),
+            await asyncio.to_thread(self.cluster.count, project_id),
+        )
 
     def silent(self, now: float) -> list[Peer]:
         return [p for p in self.executers.values() if now - p.seen > SILENT_S]
@@ -214,9 +295,11 @@ class Relay:
         timeout: float = DEFAULT_TIMEOUT_S,
         session_id: str | None = None,
         wait_for_executer: bool = False,
+        origin: str | None = None,
     ) -> None:
         """Send a request on (or join the same one in flight, or answer it from the results
-        kept); ``waiter`` gets its frames. Raises :class:`TunnelFailure` (``no_executer``)."""
+        kept); ``waiter`` gets its frames. Raises :class:`TunnelFailure` (``no_executer``).
+        ``origin``: the replica that sent it on to this one (see :class:`_Pending`)."""
         key = (project_id, request_id)
         kept = self.results.get(key)
         if kept is not None:
@@ -227,28 +310,60 @@ class Relay:
             pending.waiters.append(waiter)
             return
         deadline = time.monotonic() + timeout
-        if wait_for_executer:
-            peer: Peer | None = await self.wait_for_executer(project_id, executer_id, deadline)
+        route: Peer | Where | None
+        if origin is not None:  # sent on by another replica: only an executer connected here
+            route = self._choose(project_id, executer_id)
+        elif wait_for_executer:
+            route = await self.wait_for_executer(project_id, executer_id, deadline)
         else:
-            peer = self._choose(project_id, executer_id)
-        if peer is None:
+            route = await self._route(project_id, executer_id)
+        if route is None and origin is None:
             raise TunnelFailure("no_executer", _no_executer_message(project_id, executer_id))
-        assert peer.executer_id is not None
         if key in self.pending:  # it arrived while we waited for an executer
             self.pending[key].waiters.append(waiter)
             return
         frame = {"type": "kml_request", "executionId": request_id, "kmlResponse": kml}
+        if isinstance(route, Peer):
+            assert route.executer_id is not None
+            target_executer = route.executer_id
+        elif route is not None:
+            target_executer = route[1]
+        else:  # sent on to us, but the executer is not (or no longer) here
+            target_executer = executer_id or DEFAULT_EXECUTER
         pending = _Pending(
-            project_id, request_id, peer.executer_id, frame, deadline, session_id, [waiter]
-        )
+            project_id, request_id, target_executer, frame, deadline, session_id, [waiter],
+            origin=origin,
+        )  # fmt: skip
         self.pending[key] = pending
         pending.timer = asyncio.get_running_loop().call_at(
             asyncio.get_running_loop().time() + max(0.0, deadline - time.monotonic()),
             self._expire,
             key,
         )
-        if not await peer.send(frame):
-            pending.lost = True  # it goes out again when the executer is back
+        if isinstance(route, Peer):
+            if not await route.send(frame):
+                pending.lost = True  # it goes out again when the executer is back
+        elif route is not None:
+            await self._send_on(pending, route[0])
+        else:
+            pending.lost = True
+            assert origin is not None and self.cluster is not None
+            await self.cluster.send(
+                origin, "frame", {"project": project_id, "requestId": request_id,
+                                  "via": self.cluster.id, "moved": True},
+            )  # fmt: skip
+
+    async def _send_on(self, pending: _Pending, replica: str) -> None:
+        """Send a request on to the replica its executer is connected to."""
+        assert self.cluster is not None
+        pending.remote, pending.lost = replica, False
+        left = max(0.001, pending.deadline - time.monotonic())
+        body = {
+            "project": pending.project_id, "requestId": pending.request_id,
+            "kml": pending.frame["kmlResponse"], "executerId": pending.executer_id,
+            "timeout": left, "origin": self.cluster.id,
+        }  # fmt: skip
+        await self.cluster.send(replica, "request", body)
 
     def _expire(self, key: tuple[str, str]) -> None:
         pending = self.pending.pop(key, None)
@@ -271,8 +386,6 @@ class Relay:
         self._spawn(_deliver(pending.waiters, frame))
 
     async def result(self, peer: Peer, frame: dict[str, Any]) -> None:
-        key = (peer.project_id, frame["executionId"])
-        pending = self.pending.pop(key, None)
         out = {
             "type": "kml_result",
             "executionId": frame["executionId"],
@@ -280,14 +393,22 @@ class Relay:
         }
         if "error" in frame:
             out["error"] = frame["error"]
+        await self._finish(peer.project_id, out)
+
+    async def _finish(self, project_id: str, out: dict[str, Any]) -> None:
+        """A request's ``kml_result``: kept, recorded, delivered to whoever waits for it."""
+        key = (project_id, out["executionId"])
+        pending = self.pending.pop(key, None)
+        repeat = pending is None and key in self.results  # delivered twice: recorded once
         self.results[key] = (time.monotonic(), out)
         self._trim()
         if pending is not None and pending.timer is not None:
             pending.timer.cancel()
-        if self.on_results is not None:  # recorded first: a runtime that reads the session after
-            try:  # its result came back finds the result in it
-                session_id = pending.session_id if pending is not None else None
-                await self.on_results(peer.project_id, session_id, out)
+        relaying = pending is not None and pending.origin is not None  # the origin records it
+        if self.on_results is not None and not repeat and not relaying:
+            try:  # recorded first: a runtime that reads the session after its result came back
+                session_id = pending.session_id if pending is not None else None  # finds it
+                await self.on_results(project_id, session_id, out)
             except Exception:
                 log.exception("recording the results of request %s failed", out["executionId"])
         if pending is not None:
@@ -343,20 +464,32 @@ class Relay:
 
     # -- resolve ---------------------------------------------------------------------------
 
-    async def resolve(self, peer: Peer, frame: dict[str, Any]) -> None:
-        target = self._choose(peer.project_id, frame.get("executerId"))
+    async def resolve(
+        self, peer: _Sink | Peer, frame: dict[str, Any], project_id: str = ""
+    ) -> None:
+        project_id = peer.project_id if isinstance(peer, Peer) else project_id
+        route = await self._route(project_id, frame.get("executerId"))
+        if isinstance(peer, _Replica):  # sent on to us: only an executer connected here
+            route = route if isinstance(route, Peer) else None
         request_id = frame.get("requestId") or f"res_{secrets.token_hex(8)}"
-        if target is None:
+        if route is None:
             await peer.send(
                 _error(
                     "no_executer",
-                    _no_executer_message(peer.project_id, frame.get("executerId")),
+                    _no_executer_message(project_id, frame.get("executerId")),
                     executionId=frame["executionId"],
                     requestId=request_id,
                 )
             )
             return
-        self.resolves[(peer.project_id, request_id)] = peer
+        self.resolves[(project_id, request_id)] = peer
+        if not isinstance(route, Peer):
+            assert self.cluster is not None
+            body = {"project": project_id, "frame": {**frame, "requestId": request_id,
+                                                     "executerId": route[1]},
+                    "origin": self.cluster.id}  # fmt: skip
+            await self.cluster.send(route[0], "resolve", body)
+            return
         out = {
             "type": "resolve",
             "executionId": frame["executionId"],
@@ -365,7 +498,7 @@ class Relay:
         }
         if isinstance(frame.get("basePath"), str):
             out["basePath"] = frame["basePath"]
-        await target.send(out)
+        await route.send(out)
 
     async def resolved(self, peer: Peer, frame: dict[str, Any]) -> None:
         request_id = frame.get("requestId")
@@ -374,6 +507,100 @@ class Relay:
         waiting = self.resolves.pop((peer.project_id, request_id), None)
         if waiting is not None:
             await waiting.send(frame)
+
+    # -- across replicas (docs/deploy.md) ---------------------------------------------------
+
+    async def _remote_request(self, body: dict[str, Any]) -> None:
+        """Another replica sends on a request for an executer connected here."""
+        assert self.cluster is not None
+        cluster, origin = self.cluster, str(body["origin"])
+        project_id, request_id = str(body["project"]), str(body["requestId"])
+
+        async def waiter(frame: dict[str, Any]) -> None:
+            out = {"project": project_id, "requestId": request_id, "via": cluster.id}
+            await cluster.send(origin, "frame", {**out, "frame": frame})
+
+        key = (project_id, request_id)
+        known = self.pending.get(key)
+        if known is not None and known.origin == origin and known.waiters:
+            return  # a repeat of a request already relayed (its frames already go back)
+        await self.request(
+            project_id, request_id, str(body["kml"]), waiter,
+            executer_id=body.get("executerId"), timeout=float(body["timeout"]), origin=origin,
+        )  # fmt: skip
+
+    async def _remote_frame(self, body: dict[str, Any]) -> None:
+        """A frame of a request this replica sent on, from the executer's replica."""
+        project_id, request_id = str(body["project"]), str(body["requestId"])
+        key = (project_id, request_id)
+        pending = self.pending.get(key)
+        if body.get("moved"):  # the executer was no longer there: route again at the next tick
+            assert self.cluster is not None
+            self.cluster.forget_route(project_id)
+            if pending is not None and pending.remote == body.get("via"):
+                pending.lost = True
+            return
+        frame = body["frame"]
+        kind = frame.get("type")
+        if kind == "kml_result":
+            await self._finish(project_id, frame)
+        elif pending is None or pending.remote != body.get("via"):
+            return  # progress or an error from a route this request no longer takes
+        elif kind == "kml_progress":
+            await _deliver(pending.waiters, frame)
+        elif kind == "error":
+            if frame.get("code") == "executer_disconnected":
+                pending.lost = True  # it may be on another replica now: route again
+                return
+            self.pending.pop(key, None)
+            if pending.timer is not None:
+                pending.timer.cancel()
+            await _deliver(pending.waiters, frame)
+
+    async def _remote_resolve(self, body: dict[str, Any]) -> None:
+        assert self.cluster is not None
+        project_id = str(body["project"])
+        sink = _Replica(self.cluster, str(body["origin"]), project_id)
+        await self.resolve(sink, body["frame"], project_id)
+
+    async def _remote_resolved(self, body: dict[str, Any]) -> None:
+        frame = body["frame"]
+        request_id = frame.get("requestId")
+        if not isinstance(request_id, str):
+            return
+        waiting = self.resolves.pop((str(body["project"]), request_id), None)
+        if waiting is not None:
+            await waiting.send(frame)
+
+    async def reroute(self) -> int:
+        """Send again the requests whose executer is no longer where they were sent (it went
+        to another replica, or theirs died); the executer's receipts make a repeat harmless.
+        Returns how many were sent again."""
+        if self.cluster is None:
+            return 0
+        stray = [p for p in self.pending.values() if p.origin is None and (p.remote or p.lost)]
+        if not stray:
+            return 0
+        routes = await asyncio.to_thread(self.cluster.routes, {p.project_id for p in stray})
+        sent = 0
+        for pending in stray:
+            if (pending.project_id, pending.executer_id) in self.executers:
+                continue  # it came back here: attach_executer sent it
+            where = [w for w in routes.get(pending.project_id, []) if w[1] == pending.executer_id]
+            if not where:
+                pending.lost = True
+                continue
+            replica = where[-1][0]
+            if replica == pending.remote and not pending.lost:
+                continue
+            await self._send_on(pending, replica)
+            sent += 1
+        return sent
+
+    def heard(self) -> dict[tuple[str, str], int]:
+        """When each executer connected here was last heard from (unix ms)."""
+        offset = time.time() - time.monotonic()
+        return {key: int((peer.seen + offset) * 1000) for key, peer in self.executers.items()}
 
     # -- housekeeping ----------------------------------------------------------------------
 

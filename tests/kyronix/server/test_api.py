@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from kyronix import kml
 from kyronix.server import billing
@@ -507,6 +507,10 @@ def test_an_interrupted_run_found_at_start_is_released_and_shown(
             User(run="r1", content="lost"),
         )
     assert state.db.read(lambda c: billing.held(c, project)) == 500
+    # the run is a dead server's (a replica id no live server has)
+    state.db.write(
+        lambda c: c.execute(update(runs).where(runs.c.id == handle.id).values(owner="srv_gone"))
+    )
     assert state.manager.sweep_at_start() == (1, [])  # interrupted; none to resume
     assert state.db.read(lambda c: billing.held(c, project)) == 0
     assert state.db.read(lambda c: billing.balance(c, project)) == 100_000

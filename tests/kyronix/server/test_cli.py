@@ -184,11 +184,12 @@ def test_the_database_url_comes_from_the_flag_or_the_environment(tmp_path: Path)
     assert "hunter2" not in str(info.value)
 
 
-def test_kyronix_serve_on_postgresql_and_one_server_per_database(
+def test_kyronix_serve_on_postgresql_and_a_second_replica_beside_it(
     pg_url: URL, tmp_path: Path
 ) -> None:
     """The CLI and ``serve`` on ``--db postgresql://…`` / KYRONIX_DATABASE_URL: migrated at start,
-    a run answered and charged; a second server on the same database is refused."""
+    a run answered and charged; a second server on the same database (and home: the same key
+    secret) starts as a replica and answers the same key, charging the same credits."""
     env = {"KYRONIX_DATABASE_URL": _plain(pg_url)}
     home = tmp_path / "home"
     made = kyronix("projects", "create", "acme", home=home, env=env)
@@ -204,8 +205,14 @@ def test_kyronix_serve_on_postgresql_and_one_server_per_database(
             )
         assert r.status_code == 200, r.text
         assert r.json()["creditsRemaining"] == 99.5
-        second = kyronix("serve", "--port", "0", home=tmp_path / "other", env=env)
-        assert second.returncode != 0
-        assert "another kyronix server is already running on the database" in second.stderr
+        with ServerProcess(home, env) as second, second.client() as client:
+            r = client.post(
+                "/api/agents/coding",
+                json={"input": "Create a React component"},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["creditsRemaining"] == 99.0
+        assert server.proc.poll() is None  # the first one serves on
     shown = kyronix("credits", "show", "acme", home=home, env=env)
-    assert "99.5 credits" in shown.stdout, shown.stdout + shown.stderr
+    assert "99 credits" in shown.stdout, shown.stdout + shown.stderr
