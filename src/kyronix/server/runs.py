@@ -567,7 +567,10 @@ class RunManager:
     def _from_row(self, row: Any) -> RunHandle:
         texts = json.loads(row.transcript) if row.transcript else []
         body = json.loads(row.result) if row.result else error_body("internal_error", "no result")
-        return RunHandle.finished(row, texts, row.http_status or 500, body)
+        handle = RunHandle.finished(row, texts, row.http_status or 500, body)
+        if row.mode == "tunnel":  # a server-driven run asks once: a second attempt is a takeover
+            handle.reasons = {i: TAKEN_OVER for i in range(1, len(handle.texts))}
+        return handle
 
     def _admit_tx(self, req: RunRequest) -> tuple[RunHandle, Persona | None, bool]:
         made: list[RunHandle] = []
@@ -662,7 +665,7 @@ class RunManager:
                             if now is not None
                             else RunHandle.finished(row, [], 500, gone)
                         )
-                        handle.texts = done.texts
+                        handle.texts, handle.reasons = done.texts, done.reasons
                         assert done.status is not None and done.body is not None
                         handle.finish(done.status, done.body)
                         return

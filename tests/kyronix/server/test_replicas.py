@@ -283,10 +283,14 @@ def test_an_executer_that_went_silent_is_not_routed_to(pg_url: URL, tmp_path: Pa
 def test_a_replica_killed_mid_run_is_taken_over_and_its_stream_rejoined_on_another(
     pg_url: URL, tmp_path: Path
 ) -> None:
+    """Three replicas: the run starts on A, whose stream the client reads; A is SIGKILLed with a
+    tool in flight; B or C takes the run over and resumes it; the client rejoins with its
+    ``Last-Event-ID`` on the replica that does not run it (which follows the run to its end)
+    and, after, on the one that does: the same answer, every tool run once, charged once."""
     home = tmp_path / "home"
     project, key = _bootstrap(home, pg_url)
     env = {"KYRONIX_SCRIPTED_DELAY_MS": "20"}
-    with _replicas(home, pg_url, **env) as (a, b):
+    with _replicas(home, pg_url, 3, **env) as (a, b, c):
         ex = Executer(_ws(b), key, hold=2)  # the second tool is in flight when A dies
         ex.start()
         try:
@@ -313,28 +317,49 @@ def test_a_replica_killed_mid_run_is_taken_over_and_its_stream_rejoined_on_anoth
             t.start()
             assert ex.holding.wait(60), a.log
             assert wait_until(lambda: any(e.get("id") for e in seen), 30), seen
-            (run_id,) = _sql(pg_url, "SELECT id FROM kx_runs")[0]
+            (run_id, first_owner) = _sql(pg_url, "SELECT id, owner FROM kx_runs")[0]
             a.signal(9)
             assert a.wait() == -9
             t.join(30)
             assert failed, "the stream died with its replica"
             last = [e["id"] for e in seen if e.get("id")][-1]
+
+            def owner() -> str:
+                return str(_sql(pg_url, "SELECT owner FROM kx_runs")[0][0])
+
+            assert wait_until(lambda: owner() != first_owner, 60), b.log + c.log
+            (pid,) = _sql(pg_url, "SELECT pid FROM kx_replicas WHERE id = %s", owner())[0]
+            runner, other = (b, c) if pid == b.pid else (c, b)
+            assert pid == runner.pid
+            followed: list[list[dict[str, Any]]] = []
+
+            def rejoin_elsewhere() -> None:  # while the run is still going, on a replica
+                with other.client(headers={**auth(key), "Last-Event-ID": last}) as http:
+                    followed.append(sse_events(http.get(f"/api/runs/{run_id}/stream").text))
+
+            follower = threading.Thread(target=rejoin_elsewhere, daemon=True)
+            follower.start()
+            time.sleep(0.5)
+            assert not followed  # it waits for the run, which waits for the held tool
             ex.release.set()  # the executer answers the request that was in flight
-            # B sees A dead, takes the run over and resumes it from its log
-            assert wait_until(
-                lambda: _sql(pg_url, "SELECT status FROM kx_runs")[0][0] != "running", 60
-            ), b.log
-            with b.client(headers={**auth(key), "Last-Event-ID": last}) as http:
+            follower.join(60)
+            assert _sql(pg_url, "SELECT status FROM kx_runs")[0][0] == "completed"
+            with runner.client(headers={**auth(key), "Last-Event-ID": last}) as http:
                 rejoined = sse_events(http.get(f"/api/runs/{run_id}/stream").text)
         finally:
             ex.stop.set()
             ex.join(10)
-    assert "took over 1 run(s)" in b.log
+    assert "took over 1 run(s)" in runner.log and "took over" not in other.log
     kinds = [e.get("event") for e in rejoined]
     assert kinds[0] == "attempt" and kinds[-1] == "complete", rejoined
     assert "another resumed it from its session log" in rejoined[0]["data"]["reason"]
     done = rejoined[-1]["data"]
     assert done["runId"] == run_id
+    (elsewhere,) = followed
+    assert elsewhere[0] == rejoined[0], elsewhere  # the same attempt event, the same reason
+    assert elsewhere[-1] == rejoined[-1]  # the same end, whichever replica it was read on
+    text = "".join(e["data"]["text"] for e in rejoined if e.get("event") == "chunk")
+    assert text == "".join(e["data"]["text"] for e in elsewhere if e.get("event") == "chunk")
     assert [e["result"]["executionId"] for e in done["results"]] == list(ex.ran)
     assert all(n == 1 for n in ex.ran.values()), ex.ran  # nothing ran twice
     assert len(ex.ran) >= 2
