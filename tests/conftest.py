@@ -25,8 +25,10 @@ settings.load_profile("kiso")
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test ever touches the real ~/.kiso."""
+    """No test ever touches the real ~/.kiso, nor asks a package index for a new kiso (the
+    release check's tests turn it back on against their own index)."""
     monkeypatch.setenv("KISO_HOME", str(tmp_path / "kiso-home"))
+    monkeypatch.setenv("KISO_NO_UPDATE_CHECK", "1")
 
 
 @pytest.fixture

@@ -196,6 +196,10 @@ class _Run:
     def interactive(
         self, session_id: str | None, prompt: str | None, *, must_exist: bool = False
     ) -> int:
+        if sys.stdout.isatty():  # a pipe never hears of new releases
+            from kiso.runtime.release import start_check
+
+            start_check()  # in the background: the banner says so when a newer kiso is out
         from kiso.cli.repl import run_interactive
         from kiso.runtime.extensions import ExtensionLoadError
 
@@ -598,10 +602,12 @@ def trust(path: str | None, revoke: bool) -> None:
 @click.argument("provider")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def login(provider: str, extra: tuple[str, ...]) -> None:
-    """Store an API key for PROVIDER (anthropic, openai, deepseek, zai) in ~/.kiso/auth.json.
+    """Store an API key for PROVIDER (anthropic, openai, deepseek, zai), or sign in to chatgpt.
 
     The key is read hidden from the terminal, or from stdin when piped; never from the command
-    line. It is only ever sent to that provider's own API.
+    line. It is only ever sent to that provider's own API. `kiso login chatgpt` is the ChatGPT
+    subscription sign-in: a browser round trip (the URL is printed too; paste the address the
+    browser lands on if it cannot reach this machine), no key. Both go to ~/.kiso/auth.json.
     """
     from kiso.cli import login as impl
 
@@ -611,7 +617,10 @@ def login(provider: str, extra: tuple[str, ...]) -> None:
 @cli.command()
 @click.argument("provider")
 def logout(provider: str) -> None:
-    """Remove the stored key for PROVIDER."""
+    """Remove the stored key for PROVIDER.
+
+    `kiso logout chatgpt` removes the ChatGPT sign-in.
+    """
     from kiso.cli import login as impl
 
     impl.logout(provider)
@@ -623,6 +632,19 @@ def auth() -> None:
     from kiso.cli import login as impl
 
     impl.show()
+
+
+@cli.command()
+def update() -> None:
+    """Upgrade kiso the way it was installed (pipx, uv tool or pip).
+
+    Prints the command it runs and the version before and after; the installer gets your
+    environment and terminal. Exits with the installer's status when it fails, and 1 (saying
+    what to run instead) when it cannot tell how kiso was installed.
+    """
+    from kiso.cli.update import update_command
+
+    sys.exit(update_command())
 
 
 def _age(ms: float) -> str:

@@ -48,7 +48,7 @@ from kiso.kernel import (
     new_id,
 )
 from kiso.providers.registry import cost, lookup
-from kiso.runtime import Session, stream
+from kiso.runtime import Session, release, stream
 from kiso.runtime.approvals import check_mode
 from kiso.runtime.context import Ledger, ledger
 from kiso.runtime.prompt import estimate_tokens
@@ -314,7 +314,9 @@ class Repl:
             lines += running_card(call, (now - began) * 1000, self.tails.get(call_id, ""), width)
         return lines
 
-    def banner(self) -> RenderableType:
+    def banner(self, *, first: bool = False) -> RenderableType:
+        """The session's heading; the ``first`` one of the process also carries the one-line
+        notice of a newer kiso, when this start's release check knows of one."""
         s = self.session
         if s is None:
             where = "new: saved when the first prompt is sent"
@@ -328,7 +330,12 @@ class Repl:
             "? shows the keys · /help the commands",
             style="bold",
         )
-        return Group(head, *(warning_text(f"⚠ {n}") for n in self.setup.notices))
+        lines: list[RenderableType] = [head]
+        lines += [warning_text(f"⚠ {n}") for n in self.setup.notices]
+        news = release.notice() if first else None
+        if news is not None:
+            lines.append(Text(news))
+        return Group(*lines)
 
     def recent(self) -> RenderableType | None:
         """The last few turns of an existing session's conversation, from its log."""
@@ -378,7 +385,7 @@ class Repl:
         if self.asker is not None:
             self.asker.screen = self.screen
         self.update_meter()
-        await self.screen.show(self.banner())
+        await self.screen.show(self.banner(first=True))
         recent = self.recent()
         if recent is not None:
             await self.screen.show(recent)

@@ -49,12 +49,21 @@ unparseable arguments in a completed response  ProviderError invalid_tool_call (
 Usage is the provider's own count: ``input`` = input_tokens minus
 ``input_tokens_details.cached_tokens``, ``cache_read`` = those cached tokens (None if not
 reported), ``output`` = output_tokens, ``cache_write`` None. No usage: all None.
+
+The endpoint is the SDK's: ``POST {base_url}/responses`` (the ChatGPT backend profile
+``https://chatgpt.com/backend-api`` posts to ``https://chatgpt.com/backend-api/responses``).
+With a ``bearer`` source (a sign-in, :class:`kiso.runtime.oauth.ChatGPTBearer`) each stream
+first calls it, off the event loop, for the access token (renewed there when it is about to
+expire) and the headers that go with it (``chatgpt-account-id``); the token goes out as
+``Authorization: Bearer <token>``. A bearer source that fails raises its ProviderError before
+any request is made.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import aclosing
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +98,10 @@ from kiso.providers.base import (
     TurnDone,
 )
 
-__all__ = ["OpenAIResponsesAdapter", "response_input", "response_usage"]
+__all__ = ["BearerSource", "OpenAIResponsesAdapter", "response_input", "response_usage"]
+
+BearerSource = Callable[[], tuple[str, Mapping[str, str]]]
+"""Called before each request: the bearer token to send, and headers that go with it."""
 
 _THINKING_EVENTS = frozenset(
     {"response.reasoning_summary_text.delta", "response.reasoning_text.delta"}
@@ -100,6 +112,24 @@ class OpenAIResponsesAdapter(OpenAIBase):
     """An adapter for the OpenAI Responses API, through the official ``openai`` SDK."""
 
     DEFAULT_PROVIDER = "openai-responses"
+
+    def __init__(self, *, bearer: BearerSource | None = None, **settings: Any) -> None:
+        super().__init__(**settings)
+        self._bearer = bearer
+
+    @asynccontextmanager
+    async def client(self) -> AsyncIterator[Any]:
+        """The base's client; with a bearer source, carrying the token it returns now."""
+        if self._bearer is not None:
+            token, headers = await asyncio.to_thread(self._bearer)
+            self._api_key = token
+            self._headers = {
+                **{k: v for k, v in self._headers.items() if k.lower() != "authorization"},
+                **headers,
+                "Authorization": f"Bearer {token}",
+            }
+        async with super().client() as client:
+            yield client
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments for ``responses.create`` (the request body)."""

@@ -1,13 +1,28 @@
 """Stored credentials: ``$KISO_HOME/auth.json`` (mode 0600, replaced atomically under a lock).
 
-``kiso login <provider>`` stores an API key for one of the known vendors; each vendor's key is
-only ever sent to that vendor's own origin. A stored credential *owns* its vendor: while it is
-stored, the vendor's environment variable is not used for that origin, and a stored credential
-that cannot be used is a loud error, never a silent fall back to the environment.
+``kiso login <provider>`` stores an API key for one of the known vendors, or (``kiso login
+chatgpt``) the tokens of the ChatGPT subscription sign-in (:mod:`kiso.runtime.oauth`); each is
+only ever sent to its own origin. A stored credential *owns* its provider: while it is stored,
+the vendor's environment variable is not used for that origin, and a stored credential that
+cannot be used is a loud error, never a silent fall back to the environment.
 
-The file::
+The file (version 1; every shape below keeps loading)::
 
-    {"version": 1, "credentials": {"deepseek": {"type": "api_key", "key": "...", "created": 1796…}}}
+    {"version": 1, "credentials": {
+      "deepseek": {"type": "api_key", "key": "...", "created": 1796…},
+      "chatgpt": {"type": "oauth", "access": "...", "refresh": "...", "expires": 1796…,
+                  "accountId": "...", "savedAt": 1796…, "refreshRejectedAt": 1796…,
+                  "issuer": "https://auth.openai.com", "clientId": "...",
+                  "origin": "https://chatgpt.com"}}}
+
+Times are milliseconds since the epoch. An API key written by kiso's TypeScript original
+(``"type": "api-key"``, ``"savedAt"``) reads the same. ``refreshRejectedAt`` is there once the
+issuer refused a refresh: the sign-in is then unusable until ``kiso login chatgpt`` replaces it.
+``issuer``, ``clientId`` and ``origin`` record where the tokens came from and where they may be
+sent (absent: the defaults), so changing the configuration later never sends them elsewhere.
+
+Every write goes through one path: the lock (``auth.json.lock``, ``flock``), a read of the file
+as it is now, the change, a temporary file created 0600, fsync, rename, fsync of the folder.
 """
 
 from __future__ import annotations
@@ -16,7 +31,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +45,7 @@ __all__ = [
     "AuthError",
     "AuthStore",
     "Credential",
+    "OAuthCredential",
     "Vendor",
     "mask",
     "vendor_for_origin",
@@ -80,6 +96,43 @@ class Credential:
     provider: str
     key: str
     created: int
+
+
+@dataclass(frozen=True, slots=True)
+class OAuthCredential:
+    """A sign-in's tokens (``"type": "oauth"``); times in milliseconds since the epoch."""
+
+    provider: str
+    access: str
+    refresh: str
+    expires: int
+    account_id: str | None = None
+    saved_at: int = 0
+    refresh_rejected_at: int | None = None
+    """When the issuer refused to renew it; set, the credential is unusable."""
+    issuer: str | None = None
+    client_id: str | None = None
+    origin: str | None = None
+    """The only origin the access token is sent to (None: the provider's default)."""
+
+    def entry(self) -> dict[str, Any]:
+        """The credential as it is stored in auth.json."""
+        out: dict[str, Any] = {
+            "type": "oauth",
+            "access": self.access,
+            "refresh": self.refresh,
+            "expires": self.expires,
+            "savedAt": self.saved_at,
+        }
+        optional = {
+            "accountId": self.account_id,
+            "refreshRejectedAt": self.refresh_rejected_at,
+            "issuer": self.issuer,
+            "clientId": self.client_id,
+            "origin": self.origin,
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        return out
 
 
 def mask(key: str) -> str:
@@ -139,11 +192,15 @@ class AuthStore:
         finally:
             os.close(dir_fd)
 
-    def get(self, provider: str) -> Credential | None:
-        """The stored credential for ``provider``; a stored but unusable one is an error."""
-        entry = self._read()["credentials"].get(provider)
-        if entry is None:
-            return None
+    def _entry(self, provider: str, entry: Any) -> Credential | OAuthCredential:
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        if kind == "oauth":
+            return self._oauth(provider, entry)
+        if kind not in ("api_key", "api-key", None):
+            raise AuthError(
+                f"the credential stored for {provider} in {self.path} has an unknown type "
+                f"{kind!r}; kiso never guesses at credentials: run `kiso login {provider}` again"
+            )
         key = entry.get("key") if isinstance(entry, dict) else None
         if not isinstance(key, str) or not key.strip() or key != key.strip():
             raise AuthError(
@@ -151,13 +208,73 @@ class AuthStore:
                 f"key); run `kiso login {provider}` again, or `kiso logout {provider}` to use "
                 f"{VENDORS[provider].env if provider in VENDORS else 'the environment'} instead"
             )
-        created = entry.get("created")
-        return Credential(provider, key, created if isinstance(created, int) else 0)
+        created = entry.get("created", entry.get("savedAt"))
+        return Credential(provider, key, created if _is_ms(created) else 0)
 
-    def all(self) -> list[Credential]:
-        return [
-            c for name in sorted(self._read()["credentials"]) if (c := self.get(name)) is not None
-        ]
+    def _oauth(self, provider: str, entry: dict[str, Any]) -> OAuthCredential:
+        access, refresh, expires = entry.get("access"), entry.get("refresh"), entry.get("expires")
+        if not (
+            isinstance(access, str)
+            and isinstance(refresh, str)
+            and isinstance(expires, int)
+            and _token(access)
+            and _token(refresh)
+            and _is_ms(expires)
+        ):
+            raise AuthError(
+                f"the {provider} sign-in stored in {self.path} is unusable (its access token, "
+                f"refresh token or expiry is missing); run `kiso login {provider}` again"
+            )
+        optional: dict[str, str | None] = {}
+        for key in ("accountId", "issuer", "clientId", "origin"):
+            value = entry.get(key)
+            optional[key] = value if isinstance(value, str) and value else None
+        rejected = entry.get("refreshRejectedAt")
+        saved = entry.get("savedAt")
+        return OAuthCredential(
+            provider,
+            access,
+            refresh,
+            expires,
+            account_id=optional["accountId"],
+            saved_at=saved if isinstance(saved, int) and _is_ms(saved) else 0,
+            refresh_rejected_at=rejected
+            if isinstance(rejected, int) and _is_ms(rejected)
+            else None,
+            issuer=optional["issuer"],
+            client_id=optional["clientId"],
+            origin=optional["origin"],
+        )
+
+    def get(self, provider: str) -> Credential | None:
+        """The API key stored for ``provider``; a stored but unusable one is an error."""
+        entry = self._read()["credentials"].get(provider)
+        if entry is None:
+            return None
+        found = self._entry(provider, entry)
+        if isinstance(found, OAuthCredential):
+            raise AuthError(
+                f"{self.path} holds a sign-in for {provider}, not an API key; run "
+                f"`kiso logout {provider}` and `kiso login {provider}` again"
+            )
+        return found
+
+    def get_oauth(self, provider: str) -> OAuthCredential | None:
+        """The sign-in stored for ``provider``; a stored but unusable one is an error."""
+        entry = self._read()["credentials"].get(provider)
+        if entry is None:
+            return None
+        found = self._entry(provider, entry)
+        if not isinstance(found, OAuthCredential):
+            raise AuthError(
+                f"{self.path} holds an API key under {provider}, not a sign-in; run "
+                f"`kiso logout {provider}` and `kiso login {provider}` again"
+            )
+        return found
+
+    def all(self) -> list[Credential | OAuthCredential]:
+        credentials = self._read()["credentials"]
+        return [self._entry(name, credentials[name]) for name in sorted(credentials)]
 
     def store(self, provider: str, key: str) -> None:
         if provider not in VENDORS:
@@ -165,15 +282,41 @@ class AuthStore:
         key = key.strip()
         if not key or any(ch.isspace() for ch in key):
             raise AuthError("that is not an API key (it is empty or contains spaces)")
+        self._put(provider, {"type": "api_key", "key": key, "created": _now_ms()})
+
+    def store_oauth(self, credential: OAuthCredential) -> None:
+        """Store (or replace) a sign-in."""
+        self._put(credential.provider, credential.entry())
+
+    def _put(self, provider: str, entry: dict[str, Any]) -> None:
         with self._locked():
             data = self._read()
             data.setdefault("version", 1)
-            data["credentials"][provider] = {
-                "type": "api_key",
-                "key": key,
-                "created": int(time.time() * 1000),
-            }
+            data["credentials"][provider] = entry
             self._write(data)
+
+    def renew(
+        self, provider: str, renew: Callable[[OAuthCredential], OAuthCredential]
+    ) -> OAuthCredential:
+        """Under the lock: read the sign-in as it is now (another process may have renewed it
+        already), give it to ``renew``, and store what it returns if that differs. ``renew`` runs
+        while the lock is held, so two processes never spend the same refresh token."""
+        with self._locked():
+            data = self._read()
+            entry = data["credentials"].get(provider)
+            if entry is None:
+                raise AuthError(
+                    f"the {provider} sign-in was removed from {self.path} (kiso logout?); run "
+                    f"`kiso login {provider}` again"
+                )
+            current = self._entry(provider, entry)
+            if not isinstance(current, OAuthCredential):
+                raise AuthError(f"{self.path} holds an API key under {provider}, not a sign-in")
+            renewed = renew(current)
+            if renewed != current:
+                data["credentials"][provider] = renewed.entry()
+                self._write(data)
+            return renewed
 
     def remove(self, provider: str) -> bool:
         with self._locked():
@@ -183,3 +326,15 @@ class AuthStore:
             del data["credentials"][provider]
             self._write(data)
             return True
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _is_ms(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _token(value: Any) -> bool:
+    return isinstance(value, str) and bool(value) and not any(ch.isspace() for ch in value)

@@ -13,9 +13,10 @@ Plain JSON (a pasted ``//`` comment is a clear error, not a silent misread)::
     }
 
 Precedence, highest first: flags > environment (``KISO_MODEL``, ``KISO_MODE``) > project config >
-user config > defaults. Project profiles override user profiles of the same name. Two settings are
-the user's alone: ``floor`` (``"off"`` turns the catastrophe floor off) and ``theme``; in a
-project config either is an error. A broken file fails loudly, naming the file and the key.
+user config > defaults. Project profiles override user profiles of the same name. Three settings are
+the user's alone: ``floor`` (``"off"`` turns the catastrophe floor off), ``theme`` and
+``updateCheck``; in a project config any of them is an error. A broken file fails loudly, naming
+the file and the key.
 Credentials never live here: a profile only *names* the environment variable holding its key.
 
 The project layer is cloned code: callers that start runs pass it through the trust gate
@@ -50,8 +51,22 @@ _PROFILE_KEYS = {
     "contextWindow": "a positive integer (tokens)",
     "effort": "an effort level the model accepts",
 }
-_TOP_KEYS = {"model", "models", "mode", "floor", "theme", "tasks", "subagents", "autoCompact"}
-_USER_ONLY = {"floor": "the catastrophe floor", "theme": "the terminal theme"}
+_TOP_KEYS = {
+    "model",
+    "models",
+    "mode",
+    "floor",
+    "theme",
+    "tasks",
+    "subagents",
+    "autoCompact",
+    "updateCheck",
+}
+_USER_ONLY = {
+    "floor": "the catastrophe floor",
+    "theme": "the terminal theme",
+    "updateCheck": "the daily check for a new kiso release",
+}
 
 
 class ConfigError(UsageError):
@@ -105,6 +120,9 @@ class Config:
     auto_compact: bool = True
     """Context relief on its own (``"autoCompact": false`` or ``KISO_AUTO_COMPACT=0`` turns it
     off; ``/compact`` still works): docs/context.md."""
+    update_check: bool = True
+    """The daily check for a newer kiso, announced under the banner (``"updateCheck": false``
+    or ``KISO_NO_UPDATE_CHECK=1`` turns it off): :mod:`kiso.runtime.release`. User config only."""
     subagent_checks: dict[str, str] = field(default_factory=dict)
     """``subagents.checks``: acceptance check name to command (project names override user)."""
     files: tuple[str, ...] = ()
@@ -230,6 +248,10 @@ def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, 
         if not isinstance(data["autoCompact"], bool):
             raise ConfigError(f"{path}: autoCompact: must be true or false")
         out["auto_compact"] = data["autoCompact"]
+    if "updateCheck" in data:
+        if not isinstance(data["updateCheck"], bool):
+            raise ConfigError(f"{path}: updateCheck: must be true or false")
+        out["update_check"] = data["updateCheck"]
     return out
 
 
@@ -336,6 +358,7 @@ def load_config(
         tasks=merged.get("tasks", False),
         subagents=merged.get("subagents", True),
         auto_compact=merged.get("auto_compact", True),
+        update_check=merged.get("update_check", True),
         subagent_checks=merged.get("subagent_checks", {}),
         files=tuple(files),
         mode_source=mode_source,

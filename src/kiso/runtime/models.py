@@ -15,12 +15,22 @@ that vendor, the stored one (it owns its vendor; an unusable one is an error). O
 variable the profile names in ``apiKeyEnv``; otherwise, at a vendor's origin, the vendor's own
 variable. A stored key is never sent anywhere but its vendor's origin: a profile that points
 elsewhere gets only its own ``apiKeyEnv``.
+
+The ChatGPT sign-in (``kiso login chatgpt``, :mod:`kiso.runtime.oauth`) is bound to one origin
+(``https://chatgpt.com`` unless ``KISO_CHATGPT_ORIGIN`` said otherwise when signing in). A
+profile at that origin uses it while it is stored (it owns the origin, whatever ``apiKeyEnv``
+says): an ``openai-responses`` profile gets a bearer source that renews the access token before
+each request; a refresh the issuer refused, or any other kind, is an error. Without a stored
+sign-in such a profile needs its ``apiKeyEnv``. While a sign-in is stored, an
+``openai-responses`` profile at an origin that is neither the sign-in's nor a vendor's, with no
+``apiKeyEnv``, is refused: it would otherwise run without a key, and the sign-in is never
+forwarded there.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +50,9 @@ class ResolvedModel:
     key_source: str
     """Where the key came from: ``stored:<vendor>``, ``env:<NAME>`` or ``none``."""
     faux_script: str | None = None
+    bearer: Callable[[], tuple[str, dict[str, str]]] | None = None
+    """A sign-in's token source (``stored:chatgpt``): called before each request, it returns the
+    access token (renewed when about to expire) and the headers that go with it."""
 
     @property
     def strip_env(self) -> tuple[str, ...]:
@@ -135,8 +148,55 @@ def resolve_model(
         if profile is None:
             return ResolvedModel(None, None, "none")
     check_effort(profile.model, profile.effort)
+    signed_in = _chatgpt(profile, auth, env)
+    if signed_in is not None:
+        return signed_in
     key, source = _key(profile, auth, env)
     return ResolvedModel(profile, key, source)
+
+
+def _chatgpt(profile: Profile, auth: AuthStore, env: Mapping[str, str]) -> ResolvedModel | None:
+    """The ChatGPT sign-in's route for this profile, if it is on it (the module docstring)."""
+    from kiso.runtime.oauth import CHATGPT, ChatGPTBearer, chatgpt_settings, refused_message
+
+    settings = chatgpt_settings(env)
+    try:
+        stored = auth.get_oauth(CHATGPT)
+    except AuthError:
+        if profile.origin == settings.origin:
+            raise
+        return None  # unusable, and not this profile's business: it is never sent anywhere
+    origin = settings.of(stored).origin if stored is not None else settings.origin
+    name = profile.name
+    if profile.origin == origin:
+        if stored is None:
+            if profile.api_key_env:
+                return None
+            raise AuthError(
+                f"profile {name} talks to {origin}, the ChatGPT backend: run "
+                f"`kiso login chatgpt` (or name its key's variable in apiKeyEnv)"
+            )
+        if profile.kind != "openai-responses":
+            raise AuthError(
+                f"profile {name}: the ChatGPT sign-in speaks only the Responses API; set its "
+                f'"kind" to "openai-responses"'
+            )
+        if stored.refresh_rejected_at is not None:
+            raise AuthError(f"profile {name}: {refused_message(stored)}")
+        bearer = ChatGPTBearer(auth, settings)
+        return ResolvedModel(profile, None, f"stored:{CHATGPT}", bearer=bearer)
+    if (
+        stored is not None
+        and profile.kind == "openai-responses"
+        and not profile.api_key_env
+        and vendor_for_origin(profile.origin) is None
+    ):
+        raise AuthError(
+            f"profile {name} points at {profile.origin}, and the ChatGPT sign-in is only ever "
+            f"sent to {origin}: set its baseUrl to {origin}/backend-api to use the sign-in, or "
+            f"name this endpoint's key variable in apiKeyEnv"
+        )
+    return None
 
 
 THINKING_BUDGETS = {"low": 2_048, "medium": 8_192, "high": 24_576}
@@ -172,6 +232,7 @@ def build_adapter(resolved: ResolvedModel) -> Adapter:
             base_url=profile.base_url,
             provider=profile.name,
             reasoning_effort=profile.effort,
+            bearer=resolved.bearer,
         )
     from kiso.providers.openai_compat import OpenAICompatAdapter
 
