@@ -372,8 +372,12 @@ def test_the_panel_shows_what_the_runtime_offers(
     term.wait_for("▸ default")
     term.send("clean up" + ENTER)
     for n, (command, warning, because, answer) in enumerate(asked):
-        term.wait(
-            lambda c=command: "Run this command?" in term.text and c in current_call(term.text),
+        term.wait(  # the whole panel drawn (a screen caught mid-paint has only its first row)
+            lambda c=command: (
+                "Run this command?" in term.text
+                and c in current_call(term.text)
+                and "don't ask again" in current_call(term.text)
+            ),
             10,
             command,
         )
