@@ -107,3 +107,29 @@ def test_commands_that_need_a_terminal_say_so(tmp_path: Path) -> None:
     assert bare.returncode == 2 and 'kiso -p "prompt"' in bare.stderr
     picker = kiso(tmp_path, "resume")
     assert picker.returncode == 2 and "needs a session id" in picker.stderr
+
+
+def test_a_compactions_summary_is_counted_in_the_results_usage(tmp_path: Path) -> None:
+    (tmp_path / "big.txt").write_text("".join(f"line {i} of a long file\n" for i in range(170)))
+    read = {"tool_calls": [{"name": "read_file", "input": {"path": "big.txt"}}]}
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps({
+        "turns": [*[read] * 6, {"text": "read it all", "usage": {"input": 100, "output": 4}}],
+        "summaries": [{"text": "## Goal\nread big.txt\n## Next steps\nnone",
+                       "usage": {"input": 900, "output": 30}}],
+    }))  # fmt: skip
+    home = tmp_path / "home"
+    out = kiso(
+        tmp_path, "-p", "read big.txt six times", "c1", "--output-format", "json",
+        KISO_FAUX_SCRIPT=str(path), KISO_CONTEXT_WINDOW="8000", KISO_HOME=str(home),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    [log] = home.glob("projects/*/c1.jsonl")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    compacted = [e for e in records if e["type"] == "compacted"]
+    assert len(compacted) == 1, [e["type"] for e in records]
+    assert compacted[0]["usage"]["input"] == 900 and compacted[0]["model"]
+    result = json.loads(out.stdout)
+    assert result["turns"] == 7  # model turns; the summary is not one of them
+    # the reads reported no counts; the last turn and the summary did
+    assert result["usage"]["input"] == 100 + 900 and result["usage"]["output"] == 4 + 30

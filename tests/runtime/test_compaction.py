@@ -27,7 +27,7 @@ from kiso.kernel import (
     User,
     replay,
 )
-from kiso.kernel.events import ApprovalDecided, ExecutionStarted, input_sha256
+from kiso.kernel.events import ApprovalDecided, ExecutionStarted, billed, input_sha256
 from kiso.providers import FauxAdapter
 from kiso.providers.base import ModelRequest
 from kiso.runtime import Agent, stream
@@ -301,6 +301,25 @@ def test_past_half_the_window_it_waits_for_the_end_of_a_phase(tmp_path: Path) ->
     assert len(model.summary_requests) == 1
     assert [type(e).__name__ for e in seen if isinstance(e, stream.Compaction)] == ["Compaction"]
     assert seen[-1].type == "terminal" and seen[-1].outcome.kind == "completed"
+
+
+def test_the_summary_request_is_recorded_with_its_model_and_usage_and_billed(
+    tmp_path: Path,
+) -> None:
+    turns = [*peeks(8), {"tool_calls": [{"name": "put", "input": {"key": "a"}}]}, {"text": "ok"}]
+    summary = {"text": GOOD, "usage": {"input": 2100, "output": 90}}
+    a, model = agent(tmp_path, turns, window=4000, summaries=[summary])
+    run(a, "read everything")
+    (c,) = compactions(a)
+    assert c.model == model.model
+    assert c.usage is not None and (c.usage.input, c.usage.output) == (2100, 90)
+    raw = c.to_json()
+    assert raw["usage"] == {"input": 2100, "output": 90, "cache_read": None, "cache_write": None}
+    events = a.store.load("s").events
+    paid = list(billed(events))
+    turns_seen = [e for e in events if isinstance(e, Assistant)]
+    assert len(paid) == len(turns_seen) + 1  # every turn, and the summary
+    assert (model.model, c.usage) in paid
 
 
 def test_past_eighty_percent_it_compacts_at_the_next_round_whatever_it_is(tmp_path: Path) -> None:

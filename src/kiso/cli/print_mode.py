@@ -29,7 +29,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kiso.kernel import Assistant, Event, KisoError, Outcome, Ruling, RunStarted, parse_ruling
+from kiso.kernel import (
+    Assistant,
+    Event,
+    KisoError,
+    Outcome,
+    Ruling,
+    RunStarted,
+    billed,
+    parse_ruling,
+)
 from kiso.runtime import STREAM_VERSION, Session, stream
 from kiso.runtime.session import PromptTooLargeError, check_prompt_fits
 
@@ -312,14 +321,15 @@ def _summary(events: list[Event]) -> dict[str, Any]:
     from kiso.providers.registry import cost
 
     turns = [e for e in events if isinstance(e, Assistant)]
+    paid = list(billed(events))  # the turns, and the summaries of any compaction
     totals: dict[str, int | None] = {}
     for name in ("input", "output", "cache_read", "cache_write"):
-        values = [getattr(t.usage, name) for t in turns]
+        values = [getattr(usage, name) for _, usage in paid]
         totals[name] = (
             sum(v for v in values if v is not None) if any(v is not None for v in values) else None
         )
-    costs = [cost(t.model, t.usage) for t in turns]
-    spent = None if not turns or None in costs else round(sum(c or 0 for c in costs), 6)
+    costs = [cost(model, usage) for model, usage in paid]
+    spent = None if not paid or None in costs else round(sum(c or 0 for c in costs), 6)
     runs = sum(isinstance(e, RunStarted) for e in events)
     line = (
         f"{len(turns)} model turns · in {totals['input'] or 0} out {totals['output'] or 0} "

@@ -44,6 +44,8 @@ from kiso.kernel import (
     SessionNotFoundError,
     ToolCall,
     Uncertain,
+    Usage,
+    billed,
     kiso_home,
     new_id,
 )
@@ -682,19 +684,29 @@ class Repl:
             await self.screen.show(warning_text(f"the run ended: {outcome.kind}"))
         m = self.meter
         facts = [f"took {took}"]
-        turns = self._run_turns()
-        if any(t.usage.output is not None for t in turns):
-            fresh = sum(t.usage.input or 0 for t in turns)
-            out = sum(t.usage.output or 0 for t in turns)
+        paid = self._run_paid()
+        if any(usage.output is not None for _, usage in paid):
+            fresh = sum(usage.input or 0 for _, usage in paid)
+            out = sum(usage.output or 0 for _, usage in paid)
             facts.append(f"fresh {fresh} out {out}")
-        priced = [cost(t.model, t.usage) for t in turns]
-        if turns and all(p is not None for p in priced):
+        priced = [cost(used, usage) for used, usage in paid]
+        if paid and all(p is not None for p in priced):
             facts.append(money(sum(p or 0.0 for p in priced)))
         if m.cache_hit is not None:
             facts.append(f"cache {m.cache_hit}%")
         if m.ctx_left is not None:
             facts.append(f"ctx left ~{m.ctx_left}%")
         await self.screen.show(Text("✦ " + " · ".join(facts)))
+
+    def _run_paid(self) -> list[tuple[str, Usage]]:
+        """The model requests of the last run: its turns and the summaries of its compactions."""
+        paid: list[tuple[str, Usage]] = []
+        for e in self.session.events if self.session else ():
+            if isinstance(e, RunStarted):
+                paid = []
+            else:
+                paid += billed((e,))
+        return paid
 
     def _run_turns(self) -> list[Assistant]:
         """The model turns of the last run."""

@@ -12,6 +12,7 @@ from rich.cells import cell_len
 from kiso.kernel import (
     Assistant,
     Event,
+    billed,
 )
 from kiso.providers.registry import cost, lookup
 from kiso.runtime.prompt import estimate_tokens
@@ -114,17 +115,17 @@ def money(dollars: float) -> str:
 
 
 def spend(events: Iterable[Event], model: str) -> str:
-    """What the session's model turns cost at the registry's dated list prices: ``$0.0123``;
-    ``≥$0.0123`` when some turn could not be priced (no price, or a count the provider did not
-    report); ``cost unknown`` when nothing could be priced and the model has no price."""
+    """What the session's model requests (its turns and its summaries) cost at the registry's
+    dated list prices: ``$0.0123``; ``≥$0.0123`` when some request could not be priced (no price,
+    or a count the provider did not report); ``cost unknown`` when nothing could be priced and
+    the model has no price."""
     total, unpriced = 0.0, 0
-    for e in events:
-        if isinstance(e, Assistant):
-            dollars = cost(e.model, e.usage)
-            if dollars is None:
-                unpriced += 1
-            else:
-                total += dollars
+    for used, usage in billed(events):
+        dollars = cost(used, usage)
+        if dollars is None:
+            unpriced += 1
+        else:
+            total += dollars
     if lookup(model).price is None and total == 0:
         return "cost unknown"
     return ("≥" if unpriced else "") + money(total)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias, TypeVar, get_args
 
@@ -73,6 +73,7 @@ __all__ = [
     "Usage",
     "User",
     "UserBlock",
+    "billed",
     "dumps_line",
     "event_from_json",
     "header_from_json",
@@ -101,6 +102,10 @@ def _custom(parse: Callable[[Any, str], Any], dump: Callable[[Any], Any]) -> dic
 
 
 _OPTIONAL = {OMIT_NONE: True}
+
+
+def _parse_opt_usage(v: Any, where: str) -> Usage | None:
+    return None if v is None else parse_usage(v, where)
 
 
 # --------------------------------------------------------------------------- encoding
@@ -365,6 +370,12 @@ class Compacted(_EventBase):
     trigger: CompactionTrigger
     tokens_before: int | None
     tokens_after: int | None
+    model: str | None = field(default=None, metadata=_OPTIONAL)
+    """The model that wrote the summary (absent in logs written before it was recorded)."""
+    usage: Usage | None = field(
+        default=None, metadata={**_OPTIONAL, **_custom(_parse_opt_usage, dump_value)}
+    )
+    """What the summary request cost, as the provider counted it: it is billed like a turn."""
     seq: int = -1
     ts: int = 0
     type: ClassVar[str] = "compacted"
@@ -416,6 +427,17 @@ Event: TypeAlias = (
     | SettingChanged
     | RunEnded
 )
+
+
+def billed(events: Iterable[Event]) -> Iterator[tuple[str, Usage]]:
+    """Every model request the log records as paid for, as (model, usage): each committed turn
+    and each summary that made a ``compacted`` record (older records carry no usage)."""
+    for e in events:
+        if isinstance(e, Assistant):
+            yield e.model, e.usage
+        elif isinstance(e, Compacted) and e.usage is not None:
+            yield e.model or "", e.usage
+
 
 EVENT_TYPES = frozenset(_PARSERS)
 """The type names of the union (the header's ``session`` is not among them)."""

@@ -8,6 +8,8 @@ from kiso.runtime.session import Session
 from kiso.runtime.stream import (
     STREAM_VERSION,
     ApprovalRequest,
+    Compaction,
+    CompactionFailed,
     Decision,
     ModelTurn,
     Paused,
@@ -30,6 +32,8 @@ __all__ = [
     "Agent",
     "ApprovalRequest",
     "CallContext",
+    "Compaction",
+    "CompactionFailed",
     "Decision",
     "Hook",
     "HookFailed",

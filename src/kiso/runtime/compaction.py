@@ -400,6 +400,7 @@ async def compact(
     index = sum(1 for e in session.events if isinstance(e, Compacted))
     why: str | None = None
     text = ""
+    done: TurnDone | None = None
     transcript, scale = False, 1.0
     for attempt in range(3):  # the prefix; a transcript; a smaller transcript
         request = summary_request(
@@ -450,6 +451,8 @@ async def compact(
             trigger=trigger,
             tokens_before=size.tokens,
             tokens_after=after,
+            model=done.model if done is not None else None,
+            usage=done.usage if done is not None else None,
         )
     )
     await session.committed()

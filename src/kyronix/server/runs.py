@@ -70,7 +70,7 @@ from kiso.kernel import (
 )
 from kiso.kernel.sql import SqlSessionStore, SqlWriter
 from kiso.providers.registry import cost as provider_cost
-from kiso.runtime import Agent, ModelTurn, Session, Terminal, TextDelta
+from kiso.runtime import Agent, Compaction, ModelTurn, Session, Terminal, TextDelta
 from kiso.runtime.rules import RulesFile
 from kyronix import kml
 from kyronix.errors import KmlError
@@ -922,6 +922,8 @@ class RunManager:
                                 functools.partial(self._settle_tx, handle, accepted), seq=staged.seq
                             )
                             accepted.settle_seq = staged.seq
+                elif isinstance(ev, Compaction) and ev.event.usage is not None:
+                    meter.add(ev.event.model or "", ev.event.usage)  # the summary is paid for too
                 elif isinstance(ev, Terminal):
                     ended = ev.outcome
             texts.append(text)
@@ -980,6 +982,8 @@ class RunManager:
                 kiso_run = ev.event.run
                 text = ev.event.text
                 meter.add(ev.event.model, ev.event.usage)
+            elif isinstance(ev, Compaction) and ev.event.usage is not None:
+                meter.add(ev.event.model or "", ev.event.usage)  # the summary is paid for too
             elif isinstance(ev, Terminal):
                 ended = ev.outcome
         if kiso_run is None:
