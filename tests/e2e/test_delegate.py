@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -375,3 +376,58 @@ def test_sigkill_of_the_parent_mid_delegation_then_resume(tmp_path: Path) -> Non
     assert "already finished: read from its log, not run again" in result
     assert "child one read hello" in result and "child two done" in result
     assert "resumed: its run had not ended" in result and "+work" in result
+
+
+def test_an_abort_of_the_parents_run_kills_every_child_and_its_shell(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The parent is a library Agent here, so the abort is the runtime's own ``Session.abort``
+    (what Esc calls in the REPL), sent while both children are blocked in a shell."""
+    from kiso.kernel import ExecutionFinished, JsonlSessionStore, RunEnded
+    from kiso.providers import FauxAdapter
+    from kiso.runtime import Agent
+    from kiso.runtime.subagents import delegate_tool
+    from kiso.tools import builtin_tools
+
+    w = World(tmp_path)
+    env = w.env()  # the children inherit this process's environment
+    for key in [k for k in os.environ if k not in env]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pids = [tmp_path / f"shell{n}.pid" for n in (1, 2)]
+    kisos = [tmp_path / f"kiso{n}.pid" for n in (1, 2)]
+    for n, (pid, kiso) in enumerate(zip(pids, kisos, strict=True), start=1):
+        probe = f"cut -d' ' -f4 /proc/$PPID/stat > {kiso}.tmp && mv {kiso}.tmp {kiso}"
+        w.child(n, _call("shell", command=f"{probe}; echo $$ > {pid}; exec sleep 120"))
+    tasks = [{"role": "implementer", "task": "block"}, {"role": "implementer", "task": "block 2"}]
+    agent = Agent(
+        adapter=FauxAdapter(
+            [{"tool_calls": [{"name": "delegate", "input": {"tasks": tasks}}]}, {"text": "no"}]
+        ),
+        tools=[*builtin_tools(), delegate_tool()],
+        store=JsonlSessionStore(w.home),
+        workspace=w.ws,
+        mode="bypass",
+    )
+    with agent.session("p1") as session:
+
+        def abort_when_blocked() -> None:
+            _wait("both children's shells", lambda: all(p.exists() for p in (*pids, *kisos)))
+            session.abort()
+
+        aborter = threading.Thread(target=abort_when_blocked, daemon=True)
+        for ev in session.run_sync("go"):
+            if ev.type == "tool_start":
+                aborter.start()
+        aborter.join()
+        ended = session.events[-1]
+        assert isinstance(ended, RunEnded) and ended.outcome.kind == "aborted"
+        [finished] = [e for e in session.events if isinstance(e, ExecutionFinished)]
+    assert finished.is_error and finished.error_kind == "aborted"
+    assert finished.content.count("aborted with the parent's run: its processes were killed") == 2
+    for path in (*pids, *kisos):
+        pid = int(path.read_text())
+        _wait(f"{path.name}'s process to be gone", lambda pid=pid: not alive(pid), 10.0)
+    for child in w.child_ids():  # killed mid-run: open, so the same call would resume them
+        assert not any(e["type"] == "run_ended" for e in w.log(child))
