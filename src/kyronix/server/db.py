@@ -53,7 +53,9 @@ __all__ = [
     "runs",
     "sessions",
     "signin_links",
+    "spent_states",
     "users",
+    "web_sessions",
 ]
 
 T = TypeVar("T")
@@ -209,6 +211,26 @@ signin_links = Table(
     Column("expires_at", BigInteger, nullable=False),
     Column("used_at", BigInteger),  # set once: a link signs in once
 )
+
+web_sessions = Table(
+    "kx_web_sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),  # SHA-256 of the cookie's session token
+    Column("user_id", String(64), ForeignKey("kx_users.id"), nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("expires_at", BigInteger, nullable=False),
+    Index("kx_web_sessions_user", "user_id"),
+)
+"""Signed-in dashboard sessions (0007): a cookie is good only while its row is here, so signing
+out (the row deleted) ends it on every replica, even for a copy of the cookie."""
+
+spent_states = Table(
+    "kx_spent_states",
+    metadata,
+    Column("id", String(64), primary_key=True),  # SHA-256 of an OAuth state a callback used
+    Column("expires_at", BigInteger, nullable=False),
+)
+"""OAuth ``state`` values already used by a callback on any replica (0007): a replay is refused."""
 
 
 replicas = Table(

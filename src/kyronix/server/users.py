@@ -14,26 +14,39 @@ ledger). A user sees only the projects they are a member of; every dashboard rou
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, delete, insert, select, update
 
 from kyronix.errors import KyronixUsageError
 from kyronix.server.accounts import Project, create_project, get_project, hash_key
-from kyronix.server.db import memberships, now_ms, projects, signin_links, users
+from kyronix.server.db import (
+    memberships,
+    now_ms,
+    projects,
+    signin_links,
+    spent_states,
+    users,
+    web_sessions,
+)
 
 __all__ = [
     "LINK_TTL_MS",
     "User",
+    "close_web_session",
     "create_link",
     "get_user",
     "is_member",
+    "open_web_session",
     "projects_of",
     "redeem_link",
     "sign_in_github",
+    "spend_state",
+    "web_session_user",
 ]
 
 LINK_TTL_MS = 24 * 3600 * 1000
@@ -207,3 +220,67 @@ def project_for(conn: Connection, user_id: str, project_id: str) -> Project | No
     if not is_member(conn, user_id, project_id):
         return None
     return get_project(conn, project_id)
+
+
+# --------------------------------------------------------------------------- browser sessions
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def open_web_session(conn: Connection, user_id: str, ttl_ms: int) -> str:
+    """A new signed-in browser session for ``user_id``: its token (for the signed cookie; only
+    its SHA-256 is stored). Sessions past their time are deleted on the way."""
+    at = now_ms()
+    conn.execute(delete(web_sessions).where(web_sessions.c.expires_at < at))
+    token = secrets.token_urlsafe(32)
+    conn.execute(
+        insert(web_sessions).values(
+            id=_digest(token), user_id=user_id, created_at=at, expires_at=at + ttl_ms
+        )
+    )
+    return token
+
+
+def web_session_user(conn: Connection, user_id: str, token: str) -> User | None:
+    """The user of a live session whose cookie says ``user_id`` and carries ``token``; None for
+    a session that was signed out, expired or belongs to someone else."""
+    row = conn.execute(
+        select(users)
+        .join(web_sessions, web_sessions.c.user_id == users.c.id)
+        .where(
+            (web_sessions.c.id == _digest(token))
+            & (users.c.id == user_id)
+            & (web_sessions.c.expires_at >= now_ms())
+        )
+    ).first()
+    return _user(row) if row is not None else None
+
+
+def close_web_session(conn: Connection, token: str) -> None:
+    """Sign the session out: its cookie, or any copy of it, no longer signs anyone in."""
+    conn.execute(delete(web_sessions).where(web_sessions.c.id == _digest(token)))
+
+
+def spend_state(conn: Connection, state: str, ttl_ms: int) -> bool:
+    """Record that an OAuth callback used ``state``: True the first time on any replica, False
+    for a replay. States past their time are forgotten (a replay then fails at GitHub, whose
+    codes are single-use, and at the browser's own session)."""
+    at = now_ms()
+    conn.execute(delete(spent_states).where(spent_states.c.expires_at < at))
+    digest = _digest(state)
+    if conn.execute(select(spent_states.c.id).where(spent_states.c.id == digest)).first():
+        return False
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as upsert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
+    done = conn.execute(
+        upsert(spent_states)
+        .values(id=digest, expires_at=at + ttl_ms)
+        .on_conflict_do_nothing()
+        .returning(spent_states.c.id)
+    )
+    return done.first() is not None  # a row came back: this insert made it

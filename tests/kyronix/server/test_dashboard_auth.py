@@ -13,14 +13,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx2
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from kyronix.server import billing
-from kyronix.server.db import ledger, memberships, signin_links, users
+from kyronix.server.db import ledger, memberships, projects, signin_links, users, web_sessions
 from kyronix.server.users import create_link, projects_of
 
 from .fake_github import FakeGitHub
-from .helpers import ServerProcess, kyronix, wait_until
+from .helpers import ON_BOTH, ServerProcess, kyronix, wait_until
 
 CALLBACK = "http://testserver/api/auth/callback"
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -187,6 +187,27 @@ def test_a_replayed_callback_is_a_400_page(make_client: Any, github: FakeGitHub)
     assert len(db_rows(app, users)) == 1
 
 
+@ON_BOTH
+def test_a_callback_replayed_on_another_replica_is_refused_before_github_is_asked(
+    make_client: Any, github: FakeGitHub
+) -> None:
+    """The spent state is in the database: a second server on it refuses the replay itself
+    (GitHub's single-use code is not what stops it)."""
+    client, app = make_client(**github.config())
+    other, _ = make_client(**github.config())  # another replica: same database, same secret
+    authorize = start(client)
+    before = dict(client.cookies.items())
+    back = approve(authorize)
+    first = client.get(back, follow_redirects=False)
+    assert first.status_code == 303, first.text[-1500:]
+    exchanges = github.paths().count("/login/oauth/access_token")
+    for name, value in before.items():
+        other.cookies.set(name, value)
+    assert_refused(other.get(back, follow_redirects=False), 400, "the state was used")
+    assert github.paths().count("/login/oauth/access_token") == exchanges
+    assert len(db_rows(app, users)) == 1
+
+
 def test_github_access_denied_and_a_failed_exchange_are_400_pages(
     make_client: Any, github: FakeGitHub
 ) -> None:
@@ -331,6 +352,50 @@ def test_sign_out_clears_the_session(make_client: Any) -> None:
     if has_dashboard(app):  # the pages' router: the next dashboard page asks to sign in
         r = client.get("/dashboard", follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"].startswith("/dashboard/signin")
+
+
+@ON_BOTH
+def test_sign_out_ends_the_session_on_the_server_for_every_copy_of_the_cookie(
+    make_client: Any,
+) -> None:
+    client, app = make_client()
+    replica, _ = make_client()
+    token = make_link(app)
+    page = client.get(f"/signin/{token}")
+    client.post(f"/signin/{token}", data={"csrf": csrf_of(page.text)}, follow_redirects=False)
+    copied = dict(client.cookies.items())
+    csrf = session_of(client)["csrf"]
+    for name, value in copied.items():
+        replica.cookies.set(name, value)
+    assert replica.get("/dashboard/projects").status_code == 200  # signed in on both
+    (row,) = db_rows(app, web_sessions)
+    assert row.id != session_of(client)["sid"]  # only a digest of the token is stored
+    r = client.post("/dashboard/signout", data={"csrf": csrf}, follow_redirects=False)
+    assert r.status_code == 303
+    assert db_rows(app, web_sessions) == []
+    for c in (client, replica):
+        c.cookies.clear()
+        for name, value in copied.items():
+            c.cookies.set(name, value)
+        r = c.get("/dashboard/projects", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/dashboard/signin")
+        late = c.post(
+            "/dashboard/projects", data={"csrf": csrf, "name": "late"}, follow_redirects=False
+        )
+        assert late.status_code == 303 and "/dashboard/signin" in late.headers["location"]
+    assert "late" not in [p.name for p in db_rows(app, projects)]
+
+
+def test_a_cookie_from_before_server_sessions_signs_nobody_in(make_client: Any) -> None:
+    """A signed cookie with a user id but no server-side session (forged with the key, or
+    written by an older server) is not a sign-in."""
+    client, app = make_client()
+    token = make_link(app)
+    page = client.get(f"/signin/{token}")
+    client.post(f"/signin/{token}", data={"csrf": csrf_of(page.text)}, follow_redirects=False)
+    app.state.kx.db.write(lambda c: c.execute(delete(web_sessions)))
+    r = client.get("/dashboard/projects", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/dashboard/signin")
 
 
 # -- the commands -----------------------------------------------------------------------------

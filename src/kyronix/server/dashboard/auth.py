@@ -3,11 +3,13 @@
 * ``GET /api/auth`` starts GitHub's OAuth web flow (authlib's Starlette client; scope
   ``read:user``; PKCE), the callback is ``GET /api/auth/callback`` at ``KYRONIX_PUBLIC_URL`` (or
   the address the request came to). The flow's ``state`` lives in the signed session cookie and
-  is spent by the callback: a forged, missing or replayed state, a refusal by GitHub or a failed
+  is spent by the callback, in the database (``kx_spent_states``), so a replay is refused by
+  every replica: a forged, missing or replayed state, a refusal by GitHub or a failed
   code exchange is a 400 page that offers to try again; GitHub unreachable is a 502 page.
 * ``GET /signin/<kxs_…>`` shows a button; only ``POST`` (with the page's CSRF token) spends the
   link, so a chat app's link preview or a browser's prefetch cannot use it up.
-* ``POST /dashboard/signout`` ends the session.
+* ``POST /dashboard/signout`` ends the session on the server (``kx_web_sessions``): a copy of
+  the cookie signs nobody in afterwards.
 
 Signing in starts a fresh session (no fixation of a cookie set before); it remembers where to go
 next (``?next=/dashboard/...``, never another site).
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,7 +43,7 @@ from kyronix.server.dashboard.web import (
     write,
 )
 from kyronix.server.db import now_ms, signin_links
-from kyronix.server.users import redeem_link, sign_in_github
+from kyronix.server.users import redeem_link, sign_in_github, spend_state
 
 __all__ = ["router"]
 
@@ -53,8 +54,8 @@ NEXT_KEY = "signin_next"
 """The session's note of where to go after GitHub sends the browser back."""
 _STATE_PREFIX = "_state_github_"
 """authlib's session keys for the flow in progress."""
-_SPENT_TTL = 3600.0
-_SPENT_MAX = 100_000
+_SPENT_TTL_MS = 3600 * 1000
+"""How long a used OAuth state is remembered (a flow older than that fails at GitHub anyway)."""
 
 
 def _github(request: Request) -> Any:
@@ -83,19 +84,7 @@ def _github(request: Request) -> Any:
             },
         )
         holder.kx_github = client
-        holder.kx_spent_states = {}
     return client
-
-
-def _spent(request: Request) -> dict[str, float]:
-    """States already used by a callback on this server (with when they may be forgotten)."""
-    spent: dict[str, float] = request.app.state.kx_spent_states
-    now = time.monotonic()
-    for old in [s for s, until in spent.items() if until < now]:
-        del spent[old]
-    while len(spent) > _SPENT_MAX:  # the oldest first (a dict keeps insertion order)
-        del spent[next(iter(spent))]
-    return spent
 
 
 def _base_url(request: Request) -> str:
@@ -201,10 +190,10 @@ async def github_callback(request: Request) -> Response:
         raise _refused(f"GitHub refused the sign-in: {said}")
     if not state or not params.get("code"):
         raise _refused("GitHub's answer was incomplete (no state or no code)")
-    spent = _spent(request)
-    if state in spent:
-        raise _refused("this sign-in was already completed once (the state was used)")
-    ours = f"{_STATE_PREFIX}{state}" in request.session  # only a real flow's state is recorded
+    if f"{_STATE_PREFIX}{state}" in request.session:  # a real flow's state: spent, once
+        first = await write(request, lambda conn: spend_state(conn, state, _SPENT_TTL_MS))
+        if not first:
+            raise _refused("this sign-in was already completed once (the state was used)")
     try:
         token = await client.authorize_access_token(request)
     except MismatchingStateError:
@@ -221,16 +210,13 @@ async def github_callback(request: Request) -> Response:
         raise SignInFailed(
             502, "GitHub unreachable", "this server could not reach GitHub to finish the sign-in"
         ) from None
-    finally:
-        if ours:
-            spent[state] = time.monotonic() + _SPENT_TTL
     who = await _github_user(client, token)
     nxt = safe_next(request.session.get(NEXT_KEY))
     github_id, login, name = who
     user, _ = await write(
         request, lambda conn: sign_in_github(conn, github_id, login, name, config.initial_credits)
     )
-    sign_in(request, user)
+    await sign_in(request, user)
     return RedirectResponse(nxt, status_code=303)
 
 
@@ -304,7 +290,7 @@ async def link_redeem(request: Request, token: str) -> Response:
     found = await write(request, lambda conn: redeem_link(conn, secret, token, initial))
     if found is None:
         raise _used_link()
-    sign_in(request, found[0])
+    await sign_in(request, found[0])
     return RedirectResponse("/dashboard", status_code=303)
 
 
@@ -312,5 +298,5 @@ async def link_redeem(request: Request, token: str) -> Response:
 @page
 async def signout(request: Request) -> Response:
     await form_data(request)
-    sign_out(request)
+    await sign_out(request)
     return RedirectResponse("/dashboard/signin", status_code=303)

@@ -3,8 +3,10 @@ rendering a template, and the HTML error page.
 
 * The session is Starlette's signed cookie (``kyronix_session``: itsdangerous, HttpOnly,
   ``SameSite=Lax``, ``Secure`` when ``KYRONIX_PUBLIC_URL`` is https), signed with a key derived
-  from the server's secret (never the key that hashes API keys itself). It holds the user's id
-  and the session's CSRF token, nothing else.
+  from the server's secret (never the key that hashes API keys itself). It holds the user's id,
+  the token of the session's row in ``kx_web_sessions`` and the session's CSRF token, nothing
+  else. A cookie signs in only while that row exists: *Sign out* deletes it, so a copied cookie
+  is dead too, on every replica.
 * Every form carries the CSRF token (``<input name="csrf">``; htmx requests send it as the
   ``X-CSRF-Token`` header); a POST without the session's token is a 403 page and changes
   nothing. The API (``/api/...`` with a Bearer key) never reads the cookie.
@@ -24,12 +26,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from kyronix.errors import KyronixError
 from kyronix.server.accounts import Project
-from kyronix.server.users import User, get_user, project_for, projects_of
+from kyronix.server.users import (
+    User,
+    close_web_session,
+    open_web_session,
+    project_for,
+    projects_of,
+    web_session_user,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -44,6 +55,7 @@ __all__ = [
     "check_csrf",
     "csrf_token",
     "current_user",
+    "error_html",
     "error_page",
     "form_data",
     "read",
@@ -60,6 +72,7 @@ __all__ = [
 T = TypeVar("T")
 SESSION_COOKIE = "kyronix_session"
 SESSION_DAYS = 14
+DAY_MS = 24 * 3600 * 1000
 HERE = Path(__file__).parent
 
 _env = Environment(
@@ -152,29 +165,52 @@ def check_csrf(request: Request, sent: object) -> None:
         )
 
 
+FORM_MAX_FIELDS = 1000
+"""Fields a dashboard form may post (the largest, an agent of 64 tools, has ~200)."""
+
+
 async def form_data(request: Request) -> dict[str, str]:
-    """The posted form (text fields only), its CSRF token checked first."""
-    form = await request.form()
+    """The posted form (text fields only), its CSRF token checked first. A body that is not a
+    form this server can read (too many fields, a multipart body without its boundary, bad
+    encoding) is a 400 page saying so."""
+    try:
+        form = await request.form(max_files=0, max_fields=FORM_MAX_FIELDS)
+    except (HTTPException, MultiPartException) as exc:
+        detail = exc.detail if isinstance(exc, HTTPException) else exc.message
+        raise PageError(
+            400,
+            "Bad form",
+            f"this form could not be read ({detail}); reload the page and send it again",
+        ) from None
     fields = {k: v for k, v in form.multi_items() if isinstance(v, str)}
     check_csrf(request, fields.get("csrf"))
     return fields
 
 
-def sign_in(request: Request, user: User) -> None:
+async def sign_in(request: Request, user: User) -> None:
+    """Start a server-side session for ``user`` and put its token in a fresh cookie."""
+    uid = user.id
+    token = await write(request, lambda conn: open_web_session(conn, uid, SESSION_DAYS * DAY_MS))
     request.session.clear()  # a fresh session: no fixation of a cookie set before sign-in
-    request.session["uid"] = user.id
+    request.session["uid"] = uid
+    request.session["sid"] = token
     csrf_token(request)
 
 
-def sign_out(request: Request) -> None:
+async def sign_out(request: Request) -> None:
+    """End the session on the server (a copy of the cookie stops working too), then clear it."""
+    token = request.session.get("sid")
+    if isinstance(token, str) and token:
+        await write(request, lambda conn: close_web_session(conn, token))
     request.session.clear()
 
 
 async def current_user(request: Request) -> User | None:
-    uid = request.session.get("uid")
-    if not isinstance(uid, str):
+    """The user whose live server-side session this cookie carries (None when signed out)."""
+    uid, token = request.session.get("uid"), request.session.get("sid")
+    if not isinstance(uid, str) or not isinstance(token, str) or not token:
         return None
-    return await read(request, lambda conn: get_user(conn, uid))
+    return await read(request, lambda conn: web_session_user(conn, uid, token))
 
 
 async def require_user(request: Request) -> User:
@@ -231,13 +267,20 @@ _HEADERS = {
 }
 
 
-def error_page(request: Request, status: int, title: str, message: str) -> HTMLResponse:
-    """The error page (no database access: it must work when nothing else does)."""
-    html = _env.get_template("error.html").render(
-        request=request, user=None, projects=[], project=None, csrf="", status=status,
+def error_html(status: int, title: str, message: str) -> str:
+    """The error page's HTML (no request, no database: it must work when nothing else does)."""
+    return _env.get_template("error.html").render(
+        request=None, user=None, projects=[], project=None, csrf="", status=status,
         title=title, message=message,
     )  # fmt: skip
-    return HTMLResponse(html, status_code=status, headers=_HEADERS)
+
+
+def error_page(request: Request, status: int, title: str, message: str) -> HTMLResponse:
+    """The error page as a response."""
+    return HTMLResponse(error_html(status, title, message), status_code=status, headers=_HEADERS)
+
+
+PAGE_HEADERS = _HEADERS
 
 
 def to_signin(request: Request) -> Response:
@@ -280,9 +323,15 @@ def page(fn: Handler) -> Handler:
             return to_signin(request)
         except PageError as exc:
             return error_page(request, exc.status, exc.title, exc.message)
+        except HTTPException as exc:  # raised by Starlette itself (a body it cannot read)
+            return error_page(request, exc.status_code, "Refused", str(exc.detail))
         except Exception as exc:
             logging.getLogger("kyronix.server").error(
-                "unexpected %s on a dashboard page", type(exc).__name__
+                "unexpected %s on a dashboard page %s %s",
+                type(exc).__name__,
+                request.method,
+                request.url.path,
+                exc_info=exc,
             )
             return error_page(
                 request, 500, "Something failed", "the server failed on this page; this is a bug"
