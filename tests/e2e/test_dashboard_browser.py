@@ -29,6 +29,7 @@ from tests.kyronix.server.fake_github import FakeGitHub
 from tests.kyronix.server.helpers import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
+LONG_NAME = "AcmeAnalyticsWarehouseNightlyReportingAndBillingPipeline2026Dec01"[:64]
 SHOTS = ROOT / "artifacts" / "screenshots"
 FLAGS = [
     "--no-sandbox",
@@ -71,17 +72,18 @@ WIDEST = """() => [...document.querySelectorAll('body *')]
   .map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))"""
 
 
-def shot(page: Page, name: str) -> None:
+def _save(page: Page, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
-def narrow_fits(page: Page, name: str) -> None:
-    """At 390 px the page is readable: nothing is wider than the screen (tables scroll in
-    their own box), and a screenshot is kept."""
+def shot(page: Page, name: str) -> None:
+    """The page as it is, 1280 px wide, then at 390 px: readable there too (nothing wider than
+    the screen; tables scroll in their own box). A screenshot of each is kept."""
+    _save(page, name)
     size = page.viewport_size
     page.set_viewport_size({"width": 390, "height": 844})
-    shot(page, f"{name}-390")
+    _save(page, f"{name}-390")
     width = page.evaluate("document.documentElement.scrollWidth")
     wide = page.evaluate(WIDEST)
     assert width <= 392, f"{name}: the page is {width}px wide at 390px; widest: {wide}"
@@ -131,8 +133,13 @@ def test_a_users_day_in_the_dashboard(
     project_id = found.group(1)
     page.goto(f"{server.url}/dashboard/projects")
     expect(page.get_by_role("cell", name="shop-backend")).to_be_visible()
+    # a second project with the longest name allowed: it is in every page's selector, and no
+    # page may grow wider than a phone for it
+    page.get_by_label("Project name").fill(LONG_NAME)
+    page.get_by_role("button", name="Create project").click()
+    expect(page.get_by_role("status")).to_contain_text(LONG_NAME)
+    page.goto(f"{server.url}/dashboard/projects")
     shot(page, "02-projects")
-    narrow_fits(page, "02-projects")
 
     # --- Project Settings: a key, shown once, copied with the button
     page.goto(f"{server.url}/dashboard/projects/{project_id}/settings")
@@ -145,7 +152,6 @@ def test_a_users_day_in_the_dashboard(
     assert key not in page.content()  # shown once, never again
     assert key[:12] in page.content()  # listed by its prefix
     shot(page, "04-settings")
-    narrow_fits(page, "04-settings")
 
     # --- the key works with the SDK: a built-in agent run
     with Kyronix(api_key=key, base_url=server.url) as kx:
@@ -168,11 +174,13 @@ def test_a_users_day_in_the_dashboard(
     agent_id = page.locator("#agent-id").inner_text().strip()
     assert re.fullmatch(r"[0-9a-f]{16,}", agent_id), agent_id
     shot(page, "06-agent")
+    page.get_by_role("link", name="Delete this agent…").click()
+    expect(page.get_by_role("heading", name="Delete Database Assistant?")).to_be_visible()
+    shot(page, "06b-agent-delete")  # looked at, not confirmed
     page.goto(f"{server.url}/dashboard/projects/{project_id}/agents")
     expect(page.get_by_role("link", name="Database Assistant")).to_be_visible()
     expect(page.get_by_role("button", name="Copy ID of Database Assistant")).to_be_visible()
     shot(page, "07-agents")
-    narrow_fits(page, "07-agents")
 
     # --- run the custom agent through the API with that key
     with Kyronix(api_key=key, base_url=server.url) as kx:
@@ -187,7 +195,6 @@ def test_a_users_day_in_the_dashboard(
     balance = _balance(server, key)
     assert f"{balance:g}" in usage  # what the API says is left is what the page says
     shot(page, "08-usage")
-    narrow_fits(page, "08-usage")
 
     # --- Sessions: the custom run's timeline, and its raw log
     page.goto(f"{server.url}/dashboard/projects/{project_id}/sessions")
@@ -197,7 +204,6 @@ def test_a_users_day_in_the_dashboard(
     expect(timeline).to_contain_text("How many orders were placed yesterday?")
     expect(timeline).to_contain_text("<kyronix>")  # the model's KML, escaped, as it was sent
     shot(page, "10-timeline")
-    narrow_fits(page, "10-timeline")
     with page.expect_download() as got:
         page.get_by_role("link", name=re.compile("log", re.I)).first.click()
     saved = tmp_path / "log.jsonl"
@@ -214,7 +220,20 @@ def test_a_users_day_in_the_dashboard(
     assert "CSRF" in refused.text()
     page.goto(f"{server.url}/dashboard/projects")
     assert "sneaky" not in page.content()
-    shot(page, "11-projects-after-refusal")
+    # the same refusal as a person meets it: a page's form whose token is not the session's
+    page.get_by_label("Project name").fill("sneaky")
+    page.locator("form:has(#project-name) input[name=csrf]").evaluate("e => e.value = 'forged'")
+    page.get_by_role("button", name="Create project").click()
+    expect(page.get_by_role("heading", name="Refused")).to_be_visible()
+    shot(page, "11-refused-403")
+    page.goto(f"{server.url}/dashboard/projects")
+    assert "sneaky" not in page.content()
+    response = page.goto(f"{server.url}/dashboard/projects/proj_0000/usage")
+    assert response is not None and response.status == 404
+    shot(page, "11b-not-found-404")
+    response = page.goto(f"{server.url}/api/auth/callback?state=forged&code=x")
+    assert response is not None and response.status == 400
+    shot(page, "11c-signin-failed-400")
 
     # --- another user cannot see this project, by any URL
     other = sign_in(browser, server, github, "mallory", 2002)
@@ -235,12 +254,20 @@ def test_a_users_day_in_the_dashboard(
         kx.run(input="still there?")
     shot(page, "13-revoked")
 
-    # --- sign out
+    # --- sign out: the session ends on the server, so a copy of the cookie is dead too
+    copied = next(c for c in context.cookies() if c["name"] == "kyronix_session")
     page.get_by_role("button", name="Sign out").click()
     expect(page).to_have_url(re.compile(r"/dashboard/signin"))
     page.goto(f"{server.url}/dashboard/projects")
     expect(page).to_have_url(re.compile(r"/dashboard/signin"))
     context.close()
+    thief = browser.new_context(viewport={"width": 1280, "height": 900})
+    thief.add_cookies([copied])  # type: ignore[list-item]
+    stolen = thief.new_page()
+    stolen.goto(f"{server.url}/dashboard/projects")
+    expect(stolen).to_have_url(re.compile(r"/dashboard/signin"))
+    assert "shop-backend" not in stolen.content()
+    thief.close()
 
 
 def _balance(server: ServerProcess, key: str) -> float:

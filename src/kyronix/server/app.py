@@ -92,18 +92,28 @@ def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = No
 def _guards(app: ASGIApp, state_of: Callable[[], AppState | None], max_body: int) -> ASGIApp:
     """The drain guard and the body limit, as one pure ASGI middleware."""
 
-    async def send_error(send: Send, status: int, body: dict[str, Any]) -> None:
+    async def send_error(send: Send, status: int, body: dict[str, Any], path: str = "") -> None:
         import json
 
+        kind = b"application/json"
         payload = json.dumps(body).encode()
+        extra: list[tuple[bytes, bytes]] = []
+        if _is_page(path):  # a browser's form: the error as a page
+            from kyronix.server.dashboard.web import PAGE_HEADERS, error_html
+
+            kind = b"text/html; charset=utf-8"
+            said = body["error"]["message"]
+            payload = error_html(status, "Too large", f"{said}; nothing was changed").encode()
+            extra = [(k.encode(), v.encode()) for k, v in PAGE_HEADERS.items()]
         await send(
             {
                 "type": "http.response.start",
                 "status": status,
                 "headers": [
-                    (b"content-type", b"application/json"),
+                    (b"content-type", kind),
                     (b"content-length", str(len(payload)).encode()),
                     (b"connection", b"close"),
+                    *extra,
                 ],
             }
         )
@@ -135,7 +145,7 @@ def _guards(app: ASGIApp, state_of: Callable[[], AppState | None], max_body: int
                 except ValueError:
                     declared = 0
                 if declared > max_body:
-                    await send_error(send, 413, too_large)
+                    await send_error(send, 413, too_large, scope["path"])
                     return
         if scope.get("method") in ("POST", "PUT", "PATCH", "DELETE"):
             chunks: list[bytes] = []
@@ -147,7 +157,7 @@ def _guards(app: ASGIApp, state_of: Callable[[], AppState | None], max_body: int
                 body = message.get("body", b"")
                 size += len(body)
                 if size > max_body:
-                    await send_error(send, 413, too_large)
+                    await send_error(send, 413, too_large, scope["path"])
                     return
                 chunks.append(body)
                 if not message.get("more_body", False):

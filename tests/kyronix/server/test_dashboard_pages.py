@@ -591,3 +591,31 @@ def test_an_unexpected_failure_is_a_500_page_without_a_trace(
     r = alice.get(f"{alice.p}/agents")
     assert r.status_code == 500
     assert "secret detail" not in r.text and "Traceback" not in r.text
+
+
+def test_a_form_that_cannot_be_read_is_a_400_page_and_changes_nothing(alice: Browser) -> None:
+    b = alice
+    before = count(b.app, projects)
+    junk = {f"f{n}": "x" for n in range(1_200)}  # more fields than any dashboard form has
+    r = b.post("/dashboard/projects", {"name": "many", **junk})
+    assert r.status_code == 400 and r.headers["content-type"].startswith("text/html")
+    assert "could not be read" in r.text and "Traceback" not in r.text
+    b._use()
+    r = b.client.post(
+        "/dashboard/projects",
+        content=b"--x\r\n",
+        headers={"content-type": "multipart/form-data"},  # no boundary
+        follow_redirects=False,
+    )
+    assert r.status_code == 400 and "could not be read" in r.text
+    r = b.client.post(
+        "/dashboard/projects",
+        content=b"name=" + b"a" * (2 << 20),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+        follow_redirects=False,
+    )
+    assert r.status_code == 413 and r.headers["content-type"].startswith("text/html")
+    assert "over the limit" in r.text and "HTTP 413" in r.text
+    assert count(b.app, projects) == before
+    api = b.client.post("/api/agents/coding", content=b"x" * (2 << 20))
+    assert api.status_code == 413 and api.json()["error"]["code"] == "payload_too_large"

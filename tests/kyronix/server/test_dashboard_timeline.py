@@ -23,7 +23,8 @@ from kiso.kernel import (
     Usage,
     User,
 )
-from kyronix.server.agents import RESULTS_HEADER
+from kyronix import kml
+from kyronix.server.agents import RESULTS_HEADER, finalize
 from kyronix.server.dashboard.chart import DAY_MS, credits_text, daily_spend, spend_svg
 from kyronix.server.dashboard.timeline import timeline
 
@@ -105,6 +106,40 @@ def test_executer_results_outcomes_and_other_settings() -> None:
     assert junk.title.startswith("(an entry")
     assert outcome.kind == "outcome" and ("executionIds", EXEC) in outcome.facts
     assert other.kind == "setting" and other.text == "groq/x"  # a string reads as text
+
+
+def test_a_plan_runs_outcome_names_each_tool_with_the_execution_id_it_was_given() -> None:
+    plan = kml.parse(
+        '<kyronix><tool name="write_file"><path>a.py</path></tool>'
+        '<tool name="run_command"><command>pytest</command></tool></kyronix>'
+    )
+    response, ids = finalize(plan, "run_key_1")
+    events = stamped(
+        SettingChanged(key="kyronix.result", value={"runId": "run_1", "status": "completed",
+                                                    "response": response, "executionIds": ids}),
+        SettingChanged(key="kyronix.result", value={"runId": "run_2", "response": "<not kml"}),
+    )  # fmt: skip
+    outcome, broken = timeline(events, {ids[1]: "run_1"})
+    first, second = outcome.items
+    assert (first.title, second.title) == ("write_file", "run_command")
+    assert ("executionId", ids[0]) in first.facts and ("executionId", ids[1]) in second.facts
+    assert ("issued by run", "run_1") in second.facts
+    assert first.text is not None and "a.py" in first.text
+    assert broken.items == ()  # a response that is not KML lists nothing, and does not fail
+
+
+def test_a_receipt_says_in_one_word_how_the_tool_ended() -> None:
+    def receipt(**kw: Any) -> Any:
+        fields = {"ok": True, "is_error": False, **kw}
+        events = stamped(
+            ExecutionStarted(run="r", execution_id="k", call_id="c", name="t", input={}),
+            ExecutionFinished(run="r", execution_id="k", call_id="c", content="x", ms=1, **fields),
+        )
+        return dict(timeline(events)[1].facts)["result"]
+
+    assert receipt() == "ok"
+    assert receipt(is_error=True, error_kind="timeout") == "error (timeout)"
+    assert receipt(ok=False, is_error=True, error_kind="fatal") == "failed (fatal)"
 
 
 def test_an_empty_log_is_an_empty_timeline() -> None:

@@ -40,6 +40,7 @@ from kiso.kernel.events import (
     SettingChanged,
     User,
 )
+from kyronix import kml
 from kyronix.server.agents import asked_text
 from kyronix.server.runs import RESULT_KEY, RESULTS_KEY
 
@@ -107,18 +108,24 @@ def _result_item(entry: Any, issued: Mapping[str, str]) -> Item:
     return Item(str(entry.get("tool") or "(tool)"), tuple(facts), text, uncertain)
 
 
+def _verdict(ev: ExecutionFinished) -> str:
+    """How the tool ended, in a word: ``ok``; ``error`` (it answered with an error), or
+    ``failed`` (its handler itself failed: ``ok`` false), each with its kind when known."""
+    if not ev.is_error and ev.ok:
+        return "ok"
+    kind = f" ({ev.error_kind})" if ev.error_kind else ""
+    return ("error" if ev.ok else "failed") + kind
+
+
 def _receipt(ev: ExecutionFinished, issued: Mapping[str, str]) -> tuple[tuple[Fact, ...], str]:
     """The receipt's facts (the executer's executionId when its content is a result entry) and
     its content, pretty when it is JSON."""
     facts: list[Fact] = [
         ("kiso execution", ev.execution_id),
         ("call", ev.call_id),
-        ("ok", "yes" if ev.ok else "no"),
-        ("error", "yes" if ev.is_error else "no"),
+        ("result", _verdict(ev)),
         ("took", f"{ev.ms} ms"),
     ]
-    if ev.error_kind:
-        facts.append(("error kind", ev.error_kind))
     text = ev.content
     try:
         parsed = json.loads(ev.content)
@@ -293,6 +300,25 @@ def timeline(events: Sequence[Event], issued: Mapping[str, str] | None = None) -
     return out
 
 
+def _issued_tools(response: object, issued: Mapping[str, str]) -> tuple[Item, ...]:
+    """Each tool of the plan the client was given, with the ``executionId`` the server put on
+    it (the executer's receipt for it comes back under that id)."""
+    if not isinstance(response, str) or not response:
+        return ()
+    try:
+        plan = kml.parse(response)
+    except kml.KmlError:
+        return ()
+    items = []
+    for tool in plan.tools:
+        facts: list[Fact] = [("executionId", tool.execution_id)]
+        if tool.execution_id in issued:
+            facts.append(("issued by run", issued[tool.execution_id]))
+        args = json.dumps(tool.args, ensure_ascii=False) if tool.args else None
+        items.append(Item(tool.name, tuple(facts), args))
+    return tuple(items)
+
+
 def _setting(ev: SettingChanged, issued: Mapping[str, str]) -> Entry:
     value = ev.value
     if ev.key == RESULTS_KEY and isinstance(value, dict):
@@ -320,7 +346,10 @@ def _setting(ev: SettingChanged, issued: Mapping[str, str]) -> Entry:
             facts.append(("executionIds", ", ".join(str(i) for i in ids)))
         error = value.get("error")
         text = _json(error) if error else None
-        return Entry(ev.seq, ev.ts, "outcome", "Run outcome", "", text, tuple(facts))
+        return Entry(
+            ev.seq, ev.ts, "outcome", "Run outcome", "", text, tuple(facts),
+            _issued_tools(value.get("response"), issued),
+        )  # fmt: skip
     return Entry(
         ev.seq,
         ev.ts,
