@@ -405,7 +405,7 @@ class Cluster:
         enough to ride in it (handled at once, unless the sweep got to its row first)."""
         head, _, rest = payload.partition(" ")
         kind, _, raw = rest.partition(" ")
-        if not raw or not head.isdigit():
+        if not raw or not (head.isascii() and head.isdigit()):
             await self.drain()
             return
         async with self._drain_lock:

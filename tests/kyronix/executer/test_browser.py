@@ -316,6 +316,7 @@ def test_public_addresses_are_not_private(ip: str) -> None:
         ("mailto:someone@example.com", SecurityError),
         ("example.com", ToolFailure),
         ("localhost:8080/path", ToolFailure),
+        ("localhost:²/path", SecurityError),
         ("", ToolFailure),
         ("http://", ToolFailure),
         ("http://example.com:99999/", ToolFailure),
@@ -328,6 +329,17 @@ def test_split_url_refuses(url: str, error: type[ToolFailure]) -> None:
         _split_url(url)
     assert type(info.value) is error
     assert info.value.message
+
+
+@pytest.mark.parametrize(
+    "target", ["example.com", "example.com:", "example.com:²", "x:\uff18\uff10"]
+)
+def test_a_connect_target_without_an_ascii_port_is_refused_in_words(target: str) -> None:
+    from kyronix.errors import KyronixUsageError
+    from kyronix.executer.tools.browser.proxy import _split_host_port
+
+    with pytest.raises(KyronixUsageError, match="expected host:port"):
+        _split_host_port(target)
 
 
 def test_split_url_gives_host_and_default_ports() -> None:

@@ -399,7 +399,10 @@ def test_dangerous_repositories_are_refused_and_nothing_happens(
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("repository", ["ftp://example.com/r.git", "rsync://example.com/r", ""])
+@pytest.mark.parametrize(
+    "repository",
+    ["ftp://example.com/r.git", "rsync://example.com/r", "", "[git@example.com:²]:r.git"],
+)
 def test_unsupported_repositories_fail_clearly(world: World, repository: str) -> None:
     with pytest.raises(ToolFailure) as info:
         git_clone(world.call("git_clone", repository=repository))

@@ -318,7 +318,7 @@ def _parse_scp(url: str, shown: str) -> CloneSource:
         host, port = inner, DEFAULT_PORTS["ssh"]
         if inner.count(":") == 1:
             host, port_text = inner.split(":")
-            if not port_text.isdigit():
+            if not (port_text.isascii() and port_text.isdigit()):
                 raise ToolFailure(
                     f"the port in {shown!r} is not a number", error_type="InvalidArguments"
                 )

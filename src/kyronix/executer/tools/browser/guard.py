@@ -127,7 +127,8 @@ def _split_url(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
-        if scheme and not url[len(scheme) + 1 :][:1].isdigit():  # not "localhost:8080"
+        after = url[len(scheme) + 1 :][:1]
+        if scheme and not (after.isascii() and after.isdigit()):  # not "localhost:8080"
             why = _REFUSED_SCHEMES.get(scheme, f"{scheme}: URLs are not web pages")
             raise SecurityError(
                 f"navigate opens only http:// and https:// URLs, not {url[:100]!r}: {why}"

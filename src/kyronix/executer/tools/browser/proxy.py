@@ -179,7 +179,7 @@ def _read_head(conn: socket.socket) -> tuple[bytes | None, bytes]:
 
 def _split_host_port(authority: str) -> tuple[str, int]:
     host, sep, port = authority.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit()):
         raise KyronixUsageError(f"bad CONNECT target {authority!r}: expected host:port")
     return host.strip("[]"), int(port)
 
