@@ -431,3 +431,130 @@ def test_an_abort_of_the_parents_run_kills_every_child_and_its_shell(
         _wait(f"{path.name}'s process to be gone", lambda pid=pid: not alive(pid), 10.0)
     for child in w.child_ids():  # killed mid-run: open, so the same call would resume them
         assert not any(e["type"] == "run_ended" for e in w.log(child))
+
+
+def _first_input(log: list[dict[str, Any]]) -> str:
+    [first, *_] = [e for e in log if e["type"] == "user"]
+    content = first["content"]
+    return content if isinstance(content, str) else "\n\n".join(b["text"] for b in content)
+
+
+def test_task_text_that_looks_like_an_option_is_the_childs_task(tmp_path: Path) -> None:
+    """The prompt reaches the child on stdin, never on its command line: ``-c`` (continue),
+    ``--mode=bypass`` or ``--verbose`` at the start of a task are its words, not options."""
+    w = World(tmp_path)
+    texts = ["--verbose flag: where?", "-c option", "--mode=bypass"]
+    for n in (1, 2, 3):
+        w.child(n, {"text": f"answer {n}"})
+    out = w.delegate(*({"role": "explorer", "task": t} for t in texts))
+    assert out.returncode == 0, out.stderr
+    [result] = w.results()
+    assert "3 of 3 subagent tasks completed" in result, result
+    children = w.child_ids()
+    assert len(children) == 3
+    by_task = {int(c.split("-")[-2]): w.log(c) for c in children}
+    for n, text in enumerate(texts, start=1):
+        log = by_task[n]
+        assert _first_input(log).splitlines()[0] == text
+        assert [e["mode"] for e in log if e["type"] == "run_started"] == ["default"]
+        assert [e["outcome"]["kind"] for e in log if e["type"] == "run_ended"] == ["completed"]
+        assert f"answer {n}" in result
+    assert list((w.home / "subagents").iterdir()) == []  # each prompt file is gone with its child
+
+
+def test_a_timed_out_child_keeps_its_clean_worktree_so_it_can_be_resumed(tmp_path: Path) -> None:
+    """The child was killed mid-shell: its run is open and its session belongs to the worktree,
+    so the worktree stays (and is named) though nothing changed, and the hint can be followed."""
+    w = World(tmp_path)
+    pid = tmp_path / "sleeper.pid"
+    w.child(1, _call("shell", command=f"echo $$ > {pid}; exec sleep 120"), {"text": "ruled on"})
+    out = w.delegate({"role": "implementer", "task": "block"}, KISO_SUBAGENT_TIMEOUT_MS="8000")
+    assert out.returncode == 0, out.stderr
+    [result] = w.results()
+    [child] = w.child_ids()
+    tree = w.home / "worktrees" / child
+    assert "timed out after 8000 ms" in result
+    assert f"worktree kept (its run has not ended; no changes yet): {tree}" in result
+    assert f"resume it with: cd {tree} && kiso resume {child}" in result
+    assert "worktree removed" not in result
+    assert (tree / "a.txt").read_text() == "hello\n"
+    _wait("the killed shell to be gone", lambda: not alive(int(pid.read_text())), 10.0)
+    # the hint, followed: the child's session resumes in its worktree and the run ends
+    ruled = subprocess.run(
+        [str(BIN), "resume", child, "--resolve", "skip"],
+        cwd=tree,
+        env=w.env(KISO_FAUX_SCRIPT=str(w.scripts / "1.json")),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert ruled.returncode == 0, ruled.stderr
+    log = w.log(child)
+    assert [e["resolution"] for e in log if e["type"] == "execution_resolved"] == ["skipped"]
+    assert [e["outcome"]["kind"] for e in log if e["type"] == "run_ended"] == ["completed"]
+
+
+class _Idless:
+    """A local server that sends no tool-call ids: every delegate call arrives as ``""`` (the
+    loop names it ``call_0``), in every turn. Even turns delegate the next task; odd turns
+    answer."""
+
+    provider, model = "test", "idless"
+
+    def __init__(self, tasks: list[str]) -> None:
+        self.tasks = tasks
+
+    async def stream(self, request: Any) -> Any:
+        from kiso.kernel import TextBlock, ToolCall, Usage
+        from kiso.providers import TurnDone
+
+        if request.turn % 2:
+            yield TurnDone((TextBlock("done"),), "end_turn", Usage(), self.model)
+            return
+        task = {"role": "explorer", "task": self.tasks[request.turn // 2]}
+        call = ToolCall("", "delegate", {"tasks": [task]})
+        yield TurnDone((call,), "tool_use", Usage(), self.model)
+
+
+def test_two_delegations_by_a_provider_without_call_ids_get_two_children(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Before, both calls were ``call_0``, so the second delegation found the first one's
+    child "already finished" and returned its stale result."""
+    from kiso.kernel import ExecutionFinished, JsonlSessionStore
+    from kiso.runtime import Agent
+    from kiso.runtime.subagents import delegate_tool
+    from kiso.tools import builtin_tools
+
+    w = World(tmp_path)
+    env = w.env()
+    for key in [k for k in os.environ if k not in env]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    w.child(1, {"text": "the answer"})
+    tasks = ["Where is the retry delay computed?", "Where is the timeout read?"]
+    agent = Agent(
+        adapter=_Idless(tasks),
+        tools=[*builtin_tools(), delegate_tool()],
+        store=JsonlSessionStore(w.home),
+        workspace=w.ws,
+        mode="bypass",
+    )
+    with agent.session("p1") as session:
+        for prompt in ("first", "second"):
+            assert [e.type for e in session.run_sync(prompt)][-1] == "terminal"
+        results = [e.content for e in session.events if isinstance(e, ExecutionFinished)]
+    assert len(results) == 2
+    assert not any("already finished" in r for r in results), results
+    children = w.child_ids()
+    assert len(children) == 2
+    first_lines = sorted(_first_input(w.log(c)).splitlines()[0] for c in children)
+    assert first_lines == sorted(tasks)
+    for child in children:  # each ran once
+        assert sum(e["type"] == "run_started" for e in w.log(child)) == 1
+    for result, task in zip(results, tasks, strict=True):  # each result is its own task's
+        [child] = [c for c in children if c in result]
+        assert _first_input(w.log(child)).splitlines()[0] == task

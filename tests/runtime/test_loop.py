@@ -469,3 +469,84 @@ def test_tools_may_take_only_their_input_and_return_a_mapping(tmp_path: Path) ->
         list(session.run_sync("add"))
         results = [m for m in project(session.events) if isinstance(m, ToolResultMessage)]
         assert [(r.content, r.is_error) for r in results] == [("5", False), ("nope", True)]
+
+
+class IdlessAdapter:
+    """A local OpenAI-compatible server that sends no call ids (or always the same one): even
+    turns call ``note`` twice with ``given`` as the id, odd turns answer."""
+
+    provider, model = "test", "idless"
+
+    def __init__(self, given: str) -> None:
+        self.given = given
+        self.requests: list[ModelRequest] = []
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        from kiso.kernel import TextBlock, ToolCall, Usage
+
+        self.requests.append(request)
+        if request.turn % 2:
+            yield TurnDone((TextBlock("noted"),), "end_turn", Usage(), self.model)
+            return
+        calls = tuple(
+            ToolCall(self.given, "note", {"line": f"turn {request.turn} call {i}"}) for i in (0, 1)
+        )
+        yield TurnDone(calls, "tool_use", Usage(), self.model)
+
+
+@pytest.mark.parametrize("given", ["", "call_0"])
+def test_call_ids_are_unique_across_the_whole_session(tmp_path: Path, given: str) -> None:
+    """A provider that omits or repeats ids gives ``call_0`` every turn; a tool keyed by its
+    call id (``delegate``) would take the second turn's call for the first one's. The committed
+    turn carries session-unique ids, its results carry the same ones, and a resume reads them
+    back from the log rather than make new ones."""
+    from kiso.kernel import Assistant
+
+    adapter = IdlessAdapter(given)
+    agent = Agent(
+        adapter=adapter,
+        tools=[note_tool(tmp_path / "notes.txt")],
+        store=store(tmp_path),
+        workspace=tmp_path,
+        mode="bypass",
+    )
+    with agent.session("s") as session:
+        for prompt in ("one", "two", "three"):
+            assert [e.type for e in session.run_sync(prompt)][-1] == "terminal"
+        ids = [c.call_id for e in session.events if isinstance(e, Assistant) for c in e.calls]
+        finished = [e.call_id for e in session.events if isinstance(e, ExecutionFinished)]
+    assert len(ids) == 6 and len(set(ids)) == 6, ids
+    assert finished == ids  # every call ran once, under the id its turn recorded
+    assert ids[0] == "call_0"  # the first turn's first id is kept as it came (or made)
+    # what the provider is sent: every result answers the id its assistant message carries
+    last = adapter.requests[-1].messages
+    sent = [i for m in last if m.role == "assistant" for i in _call_ids(m)]
+    answered = [m.call_id for m in last if isinstance(m, ToolResultMessage)]
+    assert sent == answered == ids
+    with agent.session("s") as again:  # read back as committed, not renamed
+        back = [c.call_id for e in again.events if isinstance(e, Assistant) for c in e.calls]
+        assert back == ids and again.call_ids == set(ids)
+
+
+def _call_ids(message: Any) -> list[str]:
+    from kiso.kernel import ToolCall
+
+    return [b.call_id for b in message.blocks if isinstance(b, ToolCall)]
+
+
+def test_unique_call_ids_suffix_a_repeated_id_with_the_turns_seq() -> None:
+    from kiso.kernel import TextBlock, ToolCall
+    from kiso.runtime.loop import _unique_call_ids
+
+    blocks = (TextBlock("x"), ToolCall("a", "n", {}), ToolCall("a", "n", {}), ToolCall("", "n", {}))
+    assert [getattr(b, "call_id", None) for b in _unique_call_ids(blocks, set(), 9)] == [
+        None,
+        "a",
+        "a_2",
+        "call_3",
+    ]
+    taken = {"a", "call_3", "a_9"}  # ids earlier turns of the session declared
+    again = [b.call_id for b in _unique_call_ids(blocks, taken, 9) if isinstance(b, ToolCall)]
+    assert again == ["a_9_1", "a_9_2", "call_3_9"]
+    kept = (ToolCall("toolu_1", "n", {}),)
+    assert _unique_call_ids(kept, {"toolu_0"}, 4) == kept  # a fresh id is left as it came

@@ -14,7 +14,7 @@ from kiso.kernel.ids import SESSION_ID_PATTERN
 from kiso.runtime.config import ConfigError, load_config
 from kiso.runtime.hooks import CallContext
 from kiso.runtime.subagent_role import ChildRole, child_role, in_scope, scope_problem
-from kiso.runtime.subagents import child_id, delegate_tool
+from kiso.runtime.subagents import call_fingerprint, child_id, delegate_tool
 from kiso.tools import builtin_tools
 from kiso.tools.base import ToolContext
 from kiso.tools.tasks import update_tasks_tool
@@ -30,6 +30,18 @@ def test_child_ids_are_deterministic_legal_and_distinct() -> None:
     assert len(ids) == 2
     for made in ids:
         assert len(made) <= 128 and SESSION_ID_PATTERN.fullmatch(made)
+
+
+def test_a_repeated_call_id_with_other_tasks_gets_other_children() -> None:
+    """Defense in depth for a provider whose call ids repeat: the call's tasks are hashed in
+    too, so only the same call (the same id and the same tasks) finds the same children."""
+    a = call_fingerprint([{"role": "explorer", "task": "where is x?"}])
+    b = call_fingerprint([{"task": "where is y?", "role": "explorer"}])
+    assert a == call_fingerprint([{"task": "where is x?", "role": "explorer"}])  # key order
+    assert child_id("p1", "call_0", 1, "explorer", a) == child_id("p1", "call_0", 1, "explorer", a)
+    assert child_id("p1", "call_0", 1, "explorer", a) != child_id("p1", "call_0", 1, "explorer", b)
+    one, two = (child_id("p1", "call_0", n, "explorer", a) for n in (1, 2))
+    assert one.rsplit("-", 2)[0] == two.rsplit("-", 2)[0]  # one tag per call: task order sorts
 
 
 @pytest.mark.parametrize(
@@ -164,3 +176,16 @@ def test_errors_before_anything_starts(tmp_path: Path, monkeypatch: pytest.Monke
     said, kind = _run({"tasks": [{"role": "explorer", "task": "t"}]}, tmp_path)
     assert kind == "precondition" and "KISO_SUBAGENT_TIMEOUT_MS must be a positive" in said
     assert not (Path(os.environ["KISO_HOME"]) / "projects").exists()  # no child was started
+
+
+@pytest.mark.parametrize("value", ["²", "٣٠٠٠", "0", "-5"])
+def test_a_timeout_that_is_no_number_is_a_clear_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """``"²".isdigit()`` is true: int() of it used to raise out of the tool."""
+    monkeypatch.setenv("KISO_SUBAGENT_TIMEOUT_MS", value)
+    said, kind = _run({"tasks": [{"role": "explorer", "task": "t"}]}, tmp_path)
+    assert kind == "precondition"
+    assert f"KISO_SUBAGENT_TIMEOUT_MS must be a positive number of milliseconds, got {value!r}" in (
+        said
+    )

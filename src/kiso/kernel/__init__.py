@@ -11,6 +11,7 @@ kernel never imports SQLAlchemy.
 
 from typing import TYPE_CHECKING, Any
 
+from kiso.kernel._fields import ascii_int
 from kiso.kernel.errors import (
     Aborted,
     AppendError,
@@ -166,6 +167,7 @@ __all__ = [
     "UsageError",
     "User",
     "UserMessage",
+    "ascii_int",
     "billed",
     "dumps_messages",
     "event_from_json",

@@ -4,6 +4,10 @@ Each takes the object, the key and the name of the thing being read, and returns
 its static type or raises :class:`EventError` naming the field. They are small and called once per
 field. The events' own validators are generated (:mod:`kiso.kernel._codec`); these serve the
 nested values and the header, and report errors in the same words.
+
+:func:`ascii_int` is kiso's one reader of a whole number written as text (an environment
+variable, a config value, a typed answer, a number inside an id): every layer may use it, so it
+lives here, at the bottom.
 """
 
 from __future__ import annotations
@@ -15,6 +19,14 @@ from typing import Any, TypeAlias, cast
 from kiso.kernel.errors import EventError
 
 JsonObject: TypeAlias = dict[str, Any]
+
+
+def ascii_int(text: str) -> int | None:
+    """The whole number ``text`` spells in ASCII digits (nothing else: no sign, no space), or
+    None. ``str.isdigit`` is no test for this: it is true for a superscript two, which ``int``
+    then rejects with a traceback, and for Arabic-Indic or fullwidth digits, which ``int`` reads
+    as numbers nobody meant to type."""
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def fail(where: str, key: str, expected: str, value: Any = ...) -> EventError:

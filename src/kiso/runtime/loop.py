@@ -29,7 +29,7 @@ import contextlib
 import functools
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence, Set
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -647,7 +647,7 @@ async def _call_model(run: Run, run_id: str, failure: list[Outcome]) -> AsyncIte
         (committed,) = session.stage(
             Assistant(
                 run=run_id,
-                blocks=_unique_call_ids(done.blocks),
+                blocks=_unique_call_ids(done.blocks, session.call_ids, session.next_seq),
                 stop=done.stop,  # type: ignore[arg-type]
                 usage=done.usage,
                 model=done.model,
@@ -771,14 +771,23 @@ class _Watchdog:
             self._handle = None
 
 
-def _unique_call_ids(blocks: tuple[AssistantBlock, ...]) -> tuple[AssistantBlock, ...]:
-    """Call ids must be unique within a turn; a provider that repeats or omits one is fixed."""
+def _unique_call_ids(
+    blocks: tuple[AssistantBlock, ...], taken: Set[str], seq: int
+) -> tuple[AssistantBlock, ...]:
+    """Call ids must be unique in the whole session, not only within a turn: a provider that
+    omits them (``call_0`` every turn) or repeats them would otherwise let a tool keyed by its
+    call id (``delegate``'s children) take a later call for an earlier one. ``taken``: the ids
+    earlier turns declared; ``seq``: the seq this turn will get. A missing id becomes
+    ``call_<i>``; a repeated one gets ``_<seq>`` (then ``_<i>``) added. Deterministic, and only
+    ever applied before the turn is committed: a resume reads the ids back from the log."""
     seen: set[str] = set()
     out: list[AssistantBlock] = []
     for i, block in enumerate(blocks):
         if isinstance(block, ToolCall):
             call_id = block.call_id or f"call_{i}"
-            while call_id in seen:
+            if call_id in taken:
+                call_id = f"{call_id}_{seq}"
+            while call_id in seen or call_id in taken:
                 call_id = f"{call_id}_{i}"
             seen.add(call_id)
             out.append(

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiso.kernel import (
     ApprovalDecided,
+    Assistant,
     Event,
     ExecutionResolved,
     Message,
@@ -95,6 +96,7 @@ class Session:
 
         self.message_sizes = MessageSizes()
         """The projection's estimated size, kept as it grows (context relief measures it)."""
+        self._call_ids: set[str] | None = None  # built on first use, then kept as turns stage
         if mode is not None:
             self.set_mode(mode)
         if system_prompt is not None and system_prompt != self._fold.system_prompt:
@@ -138,7 +140,22 @@ class Session:
         """Add events to the log's next batch (not yet durable: see :meth:`committed`)."""
         staged = self._writer.stage(*events)
         self._fold.feed(staged)
+        if self._call_ids is not None:
+            for event in staged:
+                if isinstance(event, Assistant):
+                    self._call_ids.update(c.call_id for c in event.calls)
         return staged
+
+    @property
+    def call_ids(self) -> set[str]:
+        """Every call id a turn of this session declared. A new turn's ids must repeat none:
+        a tool keyed by its call id (``delegate``'s children) would otherwise take a later call
+        for an earlier one, and a provider that omits ids repeats them across turns."""
+        if self._call_ids is None:
+            self._call_ids = {
+                c.call_id for e in self.events if isinstance(e, Assistant) for c in e.calls
+            }
+        return self._call_ids
 
     def append(self, *events: Event) -> tuple[Event, ...]:
         """Append durably (blocking): the events and everything staged before them."""
@@ -434,10 +451,11 @@ def _check_prompt_fits(content: str | tuple[UserBlock, ...], agent: Agent) -> No
     tokens = message_tokens(UserMessage(blocks))
     window = agent.window.current()
     if tokens > window.tokens:
+        change = "" if window.says_how_to_change else f" ({window.how_to_change})"
         raise PromptTooLargeError(
             f"the prompt is ~{tokens:,} tokens, more than the model's whole context window of "
             f"{window.describe()}; nothing was recorded. Shorten it or attach less, or use a "
-            f"model with a larger window (a profile's contextWindow sets it)"
+            f"model with a larger window{change}"
         )
 
 

@@ -9,7 +9,7 @@ call finds the same children:
 
 * a child whose log shows its last run ended is not run again: its result is read from its log;
 * a child whose log has an open run is resumed (``kiso resume <id>``), never restarted;
-* a child with no log (or no run yet) is started (``kiso -p TASK <id>``).
+* a child with no log (or no run yet) is started (``kiso -p - <id>``, the prompt on stdin).
 
 That is why the tool is ``idempotent``: an uncertain delegation after the parent's kill -9 is
 re-run without asking. Results come from each child's own log (the outcome, the final assistant
@@ -17,9 +17,10 @@ text, the number of tool calls), never from its output.
 
 Implementers and testers work in a detached ``git worktree`` at ``$KISO_HOME/worktrees/<id>``;
 the result carries ``git diff --stat`` and the diff against the commit it started from (new
-files included); a worktree with changes is kept and named, a clean one removed. Explorers and
-reviewers read in the parent's workspace. The child side is :mod:`kiso.runtime.subagent_role`.
-docs/subagents.md is the user's account.
+files included); a worktree with changes is kept and named, and so is one whose child's run has
+not ended (resuming the child needs its workspace); a clean one of an ended child is removed.
+Explorers and reviewers read in the parent's workspace. The child side is
+:mod:`kiso.runtime.subagent_role`. docs/subagents.md is the user's account.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from kiso.kernel import (
     RunEnded,
     RunStarted,
     SessionNotFoundError,
+    ascii_int,
     kiso_home,
 )
 from kiso.kernel.errors import KisoError
@@ -58,6 +60,7 @@ __all__ = [
     "DELEGATE_PARAMETERS",
     "MAX_PARALLEL",
     "MAX_TASKS",
+    "call_fingerprint",
     "child_id",
     "delegate_tool",
     "worktree_path",
@@ -137,10 +140,17 @@ class _Task:
     id: str
 
 
-def child_id(parent: str, call_id: str, index: int, role: str) -> str:
-    """``sub-<parent>-<6 hex of sha256(call_id)>-<index>-<role>``, at most 128 characters (a
-    long parent id is cut and tagged with 8 hex of its own hash, so ids stay distinct)."""
-    tag = hashlib.sha256(call_id.encode("utf-8", "surrogateescape")).hexdigest()[:6]
+def child_id(parent: str, call_id: str, index: int, role: str, call: str = "") -> str:
+    """``sub-<parent>-<8 hex of sha256(call_id, call)>-<index>-<role>``, at most 128 characters
+    (a long parent id is cut and tagged with 8 hex of its own hash, so ids stay distinct).
+
+    ``call``: the call's tasks as it gave them (:func:`call_fingerprint`). The committed call
+    gives the same id and the same input on every rerun, so a resumed delegation finds its
+    children; hashing its tasks in too means a call id that repeats (a provider that omits ids)
+    can never lead other tasks to an earlier call's children. One tag for the whole call, so a
+    call's children sort in task order."""
+    said = f"{call_id}\0{call}".encode("utf-8", "surrogateescape")
+    tag = hashlib.sha256(said).hexdigest()[:8]
     tail = f"-{tag}-{index}-{role}"
     room = 128 - len("sub-") - len(tail)
     head = parent
@@ -148,6 +158,11 @@ def child_id(parent: str, call_id: str, index: int, role: str) -> str:
         digest = hashlib.sha256(parent.encode("utf-8")).hexdigest()[:8]
         head = parent[: room - 9].rstrip("._-") + "-" + digest
     return f"sub-{head}{tail}"
+
+
+def call_fingerprint(tasks: Sequence[object]) -> str:
+    """A ``delegate`` call's tasks as canonical text (what :func:`child_id` hashes)."""
+    return json.dumps(tasks, sort_keys=True, ensure_ascii=False)
 
 
 def worktree_path(home: Path, child: str) -> Path:
@@ -211,6 +226,7 @@ class _Delegation:
             return _invalid(f"tasks must be a list of 1 to {MAX_TASKS} tasks, got {got}")
         parent = self.ctx.session_id or "session"
         call = self.ctx.call_id or self.ctx.execution_id
+        fingerprint = call_fingerprint(raw)
         tasks: list[_Task] = []
         for n, item in enumerate(raw, start=1):
             where = f"tasks[{n - 1}]"
@@ -247,18 +263,20 @@ class _Delegation:
                     f'{defined}). Checks are set by the user in config.json: "subagents": '
                     f'{{"checks": {{"{check}": "<command>"}}}}'
                 )
-            tasks.append(_Task(n, role, text, tuple(scope), check, child_id(parent, call, n, role)))
+            made = child_id(parent, call, n, role, fingerprint)
+            tasks.append(_Task(n, role, text, tuple(scope), check, made))
         return tasks
 
     def _settings(self) -> ToolResult | None:
         raw = os.environ.get("KISO_SUBAGENT_TIMEOUT_MS", "").strip()
         if raw:
-            if not raw.isdigit() or int(raw) < 1:
+            ms = ascii_int(raw)
+            if ms is None or ms < 1:
                 return _precondition(
                     f"KISO_SUBAGENT_TIMEOUT_MS must be a positive number of milliseconds, got "
                     f"{raw!r}; fix or unset it"
                 )
-            self.timeout_ms = int(raw)
+            self.timeout_ms = ms
         scripts = os.environ.get("KISO_SUBAGENT_SCRIPTS", "")
         self.scripts = Path(scripts) if scripts else None
         return None
@@ -349,9 +367,14 @@ class _Delegation:
         if state != "ended":
             self.ctx.progress(f"subagent {task.index} ({task.role}): {state} {task.id}\n")
             argv = self._argv(task, resume=state == "open")
+            command = shlex.join(argv)
+            prompt = self._prompt_path(task)
             try:
+                if state != "open":
+                    self._write_prompt(task, prompt)
+                    command += f" < {shlex.quote(str(prompt))}"
                 done = run_command(
-                    shlex.join(argv),
+                    command,
                     cwd=ws,
                     env=self._env(task, count),
                     timeout_ms=self.timeout_ms,
@@ -361,6 +384,8 @@ class _Delegation:
                 )
             except SupervisorError as exc:
                 return _Report(f"{title}\nthe subagent's supervisor was stopped: {exc}", False)
+            finally:  # also a file a killed parent left (the same child's path)
+                prompt.unlink(missing_ok=True)
             code, timed_out, aborted, tail = (
                 done.exit_code,
                 done.timed_out,
@@ -398,31 +423,63 @@ class _Delegation:
                 passed, check_text = self._check(task, tree)
                 ok = ok and passed
                 lines.append(check_text)
-            if dirty:
-                lines.append(
-                    f"worktree kept (it has changes): {tree}, made from commit {base[:12]}; "
-                    f"apply it with: git -C {tree} diff {base[:12]} | git apply"
-                )
-                lines += ["diff:", changes]
-            else:
-                self._remove(tree)
-                lines.append("worktree removed: no changes")
+            lines += self._keep_or_remove(task.id, tree, base, (changes, dirty), store)
         elif task.acceptance is not None and not (timed_out or aborted):
             passed, check_text = self._check(task, ws)
             ok = ok and passed
             lines.append(check_text)
         return _Report("\n".join(lines), ok, timed_out=timed_out, aborted=aborted)
 
+    def _keep_or_remove(
+        self, child: str, tree: Path, base: str, diff: tuple[str, bool], store: JsonlSessionStore
+    ) -> list[str]:
+        """A worktree with changes is kept; so is one whose child's run has not ended (timed
+        out, aborted, stopped on an uncertain execution): the child's session belongs to that
+        workspace, and resuming it (or ruling on it) needs it there. Only a clean worktree of a
+        child whose run ended is removed."""
+        changes, dirty = diff
+        made = f"{tree}, made from commit {base[:12]}"
+        open_run = _state(store, child) == "open"  # no session at all: nothing to resume
+        resume = f"resume it with: cd {tree} && kiso resume {child}"
+        if dirty:
+            why = "it has changes; its run has not ended" if open_run else "it has changes"
+            apply = f"apply it with: git -C {tree} diff {base[:12]} | git apply"
+            lines = [f"worktree kept ({why}): {made}; {apply}"]
+            if open_run:
+                lines.append(resume)
+            return [*lines, "diff:", changes]
+        if open_run:
+            return [f"worktree kept (its run has not ended; no changes yet): {made}; {resume}"]
+        self._remove(tree)
+        return ["worktree removed: no changes"]
+
     def _argv(self, task: _Task, *, resume: bool) -> list[str]:
         argv = [sys.executable, "-P", "-m", "kiso.cli"]
         if resume:
             argv += ["resume", task.id]
         else:
-            argv += ["-p", _prompt(task, self.ctx.session_id, self.checks), task.id]
+            argv += ["-p", "-", task.id]  # the prompt comes on stdin: see _prompt_file
         argv += ["--mode", "default", "--output-format", "json"]
         if self.model:
             argv += ["--model", self.model]
         return argv
+
+    def _prompt_path(self, task: _Task) -> Path:
+        """Where the child's prompt waits for it: ``$KISO_HOME/subagents/<child id>.prompt``,
+        one path a child, so a file a killed parent left is found and removed next time."""
+        return self.home / "subagents" / f"{task.id}.prompt"
+
+    def _write_prompt(self, task: _Task, path: Path) -> None:
+        """The child's prompt in a private file, read by ``kiso -p -`` from its stdin. Never on
+        the command line: a task that starts with ``-`` (``--mode=bypass``) would be read as an
+        option there. And piped text is sent as it came, so an ``@path`` in the model's task
+        text attaches no file (a person's typed prompt does that; docs/attachments.md)."""
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # never write through a link someone put there
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+            f.write(_prompt(task, self.ctx.session_id, self.checks))
 
     def _env(self, task: _Task, count: int) -> dict[str, str]:
         """This process's environment, credentials included on purpose (the child must reach
