@@ -180,3 +180,65 @@ def test_rules_may_be_given_as_a_path(tmp_path: Path) -> None:
 
     with pytest.raises(UsageError, match="RulesFile"):
         Agent(adapter=FauxAdapter([]), store=MemorySessionStore(), rules=42)  # type: ignore[arg-type]
+
+
+FULLWIDTH_8000 = "\uff18\uff10\uff10\uff10"
+"""8000 in fullwidth digits: isdigit() is true, and int() reads it."""
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("KISO_CONTEXT_WINDOW", "²", "must be a whole number of tokens, 256 or more"),
+        ("KISO_CONTEXT_WINDOW", "٣٠٠٠", "must be a whole number of tokens, 256 or more"),
+        ("KISO_CONTEXT_WINDOW", FULLWIDTH_8000, "must be a whole number of tokens, 256 or more"),
+        ("KISO_CONTEXT_WINDOW", "0", "must be a whole number of tokens, 256 or more"),
+        ("KISO_CONTEXT_WINDOW", "-1", "must be a whole number of tokens, 256 or more"),
+        ("KISO_CONTEXT_WINDOW", "1e6", "must be a whole number of tokens, 256 or more"),
+        ("KISO_CONTEXT_WINDOW", "255", "must be a whole number of tokens, 256 or more"),
+        ("KISO_FAILPOINT", "assistant:²", "expected <event-type>[:<n>]"),
+        ("KISO_SUBAGENT_DEPTH", "²", "KISO_SUBAGENT_DEPTH must be a whole number"),
+    ],
+)
+def test_a_bad_number_in_the_environment_is_one_line_and_exit_1(
+    tmp_path: Path, variable: str, value: str, said: str
+) -> None:
+    """Like every other broken setting (a bad KISO_MODE, a broken config): one line naming the
+    variable and the rule, exit 1. ``"²".isdigit()`` is true, and int() of
+    it used to end in a traceback; Arabic-Indic and fullwidth digits are no number either."""
+    home = tmp_path / "home"
+    s = script(tmp_path, {"text": "never"})
+    out = kiso(tmp_path, "-p", "hi", "e1", KISO_HOME=str(home), KISO_FAUX_SCRIPT=s,
+               **{variable: value})  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    [line] = [x for x in out.stderr.splitlines() if x.strip()]
+    assert line.startswith("kiso: ") and variable in line and said in line, line
+    if variable != "KISO_FAILPOINT":  # a test knob, read once the session is open
+        assert not list(home.rglob("e1.jsonl"))  # no session was recorded
+
+
+def test_the_numbers_kiso_reads_from_text_are_ascii_digits_only() -> None:
+    from kiso.kernel import ascii_int
+    from kiso.runtime.failpoint import Failpoint
+
+    assert [ascii_int(t) for t in ("0", "42", "007")] == [0, 42, 7]
+    for text in ("²", "٣٠٠٠", FULLWIDTH_8000, "", " 1", "-1", "+1", "1.0", "1e6", "1_000"):
+        assert ascii_int(text) is None, text
+    assert Failpoint.from_env({"KISO_FAILPOINT": "assistant:2"}).nth == 2
+
+
+def test_a_callback_port_that_is_no_number_is_an_auth_error() -> None:
+    from kiso.runtime.auth import AuthError
+    from kiso.runtime.oauth import chatgpt_settings
+
+    with pytest.raises(AuthError, match="KISO_CHATGPT_CALLBACK_PORT='²': must be a port"):
+        chatgpt_settings({"KISO_CHATGPT_CALLBACK_PORT": "²"})
+    assert chatgpt_settings({"KISO_CHATGPT_CALLBACK_PORT": "8123"}).port == 8123
+
+
+def test_a_colorfgbg_with_a_superscript_is_no_theme() -> None:
+    from kiso.cli.theme import from_colorfgbg
+
+    assert from_colorfgbg("15;²") is None
+    assert from_colorfgbg("0;15") == "light"

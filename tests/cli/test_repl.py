@@ -700,3 +700,28 @@ def test_a_finished_call_settles_into_its_record() -> None:
     assert bad.plain[bad.spans[0].start : bad.spans[0].end] == "exit 2"
     narrow = record_text(call, finished("exit 0", 0), 40).plain
     assert len(narrow) <= 40 and narrow.endswith("· exit 0 · 0 lines · 0.0s")
+
+
+def test_a_typed_choice_that_is_no_ascii_number_is_asked_again() -> None:
+    """The plain screen (no terminal control) reads a choice as a line: ``²`` made int() raise
+    out of the REPL, and an Arabic-Indic one (U+0661) picked row 1."""
+    import asyncio
+
+    from kiso.cli.panels import Option, Panel
+    from kiso.cli.repl import Plain
+
+    typed = iter(["²", "\u0661", "2"])
+    asked: list[str] = []
+
+    class Scripted(Plain):
+        async def show(self, item: object) -> None:
+            pass
+
+        async def line(self, prompt: str) -> str | None:
+            asked.append(prompt)
+            return next(typed)
+
+    panel = Panel("run it?", [Option("yes", "yes"), Option("skip", "skipped")])
+    chosen = asyncio.run(Scripted.__new__(Scripted).ask(panel))
+    assert chosen is not None and chosen.label == "skip"
+    assert asked == ["choose 1-2: "] * 3

@@ -83,6 +83,13 @@ def test_project_profiles_override_user_ones_by_name(dirs: tuple[Path, Path]) ->
         ('{"models": {"d": {"kind": "anthropic", "model": "m", "baseUrl": "ftp://x"}}}',
          "models.d.baseUrl"),
         ('{"mode": "yolo"}', "mode: must be one of"),
+        # the same bound, in the same words, as KISO_CONTEXT_WINDOW
+        ('{"models": {"d": {"kind": "anthropic", "model": "m", "contextWindow": 1}}}',
+         "models.d.contextWindow=1: must be a whole number of tokens, 256 or more"),
+        ('{"models": {"d": {"kind": "anthropic", "model": "m", "contextWindow": 255}}}',
+         "models.d.contextWindow=255: must be a whole number of tokens, 256 or more"),
+        ('{"models": {"d": {"kind": "anthropic", "model": "m", "contextWindow": "8000"}}}',
+         'models.d.contextWindow="8000": must be a whole number of tokens, 256 or more'),
     ],
 )  # fmt: skip
 def test_a_broken_user_config_names_the_file_and_the_key(
@@ -93,6 +100,12 @@ def test_a_broken_user_config_names_the_file_and_the_key(
     with pytest.raises(ConfigError) as info:
         load_config(home, ws, environ={})
     assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_the_smallest_window_a_profile_may_set_is_256_tokens(dirs: tuple[Path, Path]) -> None:
+    home, ws = dirs
+    write(home / "config.json", {"models": {"d": {**CLAUDE, "contextWindow": 256}}})
+    assert load_config(home, ws, environ={}).models["d"].context_window == 256
 
 
 @pytest.mark.parametrize("key", ["floor", "theme"])

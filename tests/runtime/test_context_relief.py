@@ -469,3 +469,75 @@ def test_the_cli_remembers_the_window_refuses_too_big_a_prompt_up_front_and_is_n
     log = JsonlSessionStore(home).load("cli").events
     assert [e.outcome.kind for e in log if isinstance(e, RunEnded)] == ["completed", "completed"]
     assert len([e for e in log if isinstance(e, Compacted)]) == 1
+
+
+def test_an_explicit_window_wins_over_a_learned_one_and_the_refusal_says_how(
+    tmp_path: Path,
+) -> None:
+    """``learned-windows.json`` says 3,000 tokens for this endpoint; the person knows better.
+    Without a setting the learned window refuses the prompt and names the way out; with
+    ``KISO_CONTEXT_WINDOW``, or a profile's ``contextWindow``, the prompt is sent."""
+    home, ws = tmp_path / "home", tmp_path / "ws"
+    ws.mkdir()
+    home.mkdir()
+    big = words(1, 16_000)  # ~4,000 tokens: more than the learned window, less than the set one
+    with SSEServer(finished) as server:
+        key = f"openai-compat {server.url} {MODEL}"
+        (home / LEARNED_FILE).write_text(json.dumps({key: 3000}))
+        env = {
+            "KISO_HOME": str(home),
+            "OPENAI_API_KEY": "sk-test",
+            "OPENAI_BASE_URL": server.url + "/v1",
+            "OPENAI_MODEL": MODEL,
+        }
+        refused = piped(ws, ("-p", big, "w1"), None, **env)
+        said = refused.stderr.decode()
+        assert refused.returncode == 2, said
+        assert (
+            "3,000 tokens (learned from the endpoint's refusal), which a profile's contextWindow "
+            "or KISO_CONTEXT_WINDOW overrides"
+        ) in said
+        assert "a profile's contextWindow sets it" not in said
+        assert server.requests == []
+
+        raised = piped(ws, ("-p", big, "w2"), None, KISO_CONTEXT_WINDOW="100000", **env)
+        assert raised.returncode == 0, raised.stderr.decode()
+        assert raised.stdout.decode().strip() == FINAL
+        assert len(server.requests) == 1
+
+        profile = {"kind": "openai-compat", "model": MODEL, "baseUrl": server.url + "/v1",
+                   "apiKeyEnv": "OPENAI_API_KEY", "contextWindow": 100_000}  # fmt: skip
+        (home / "config.json").write_text(
+            json.dumps({"model": "local", "models": {"local": profile}})
+        )
+        by_profile = piped(ws, ("-p", big, "w3"), None, **env)
+        assert by_profile.returncode == 0, by_profile.stderr.decode()
+        assert len(server.requests) == 2
+    # what was learned is still remembered (only a setting outranks it)
+    assert json.loads((home / LEARNED_FILE).read_text()) == {key: 3000}
+
+
+def test_a_refusal_still_lowers_an_explicit_window_for_the_rest_of_the_process(
+    tmp_path: Path,
+) -> None:
+    learned = tmp_path / LEARNED_FILE
+    learned.write_text(json.dumps({"k": 3000}))
+    w = Window("gpt-4o", explicit=50_000, key="k", learned_file=learned)
+    assert (w.tokens, w.current().source) == (50_000, "profile")  # the person's word first
+    assert w.learn(8_000) and (w.tokens, w.current().source) == (8_000, "learned")
+    assert w.current().describe() == (
+        "8,000 tokens (learned from the endpoint's refusal), which a profile's contextWindow or "
+        "KISO_CONTEXT_WINDOW overrides"
+    )
+    assert json.loads(learned.read_text()) == {"k": 8000}  # recorded
+    assert Window("gpt-4o", explicit=50_000, key="k", learned_file=learned).tokens == 50_000
+    assert Window("gpt-4o", key="k", learned_file=learned).tokens == 8_000  # above the registry
+    env = Window("m", explicit=9_000, explicit_source="KISO_CONTEXT_WINDOW").current()
+    assert env.describe() == "9,000 tokens (set by KISO_CONTEXT_WINDOW)"
+    assert env.how_to_change == "KISO_CONTEXT_WINDOW changes it"
+    assert (
+        Window("nope-model")
+        .current()
+        .describe()
+        .endswith(", which a profile's contextWindow or KISO_CONTEXT_WINDOW overrides")
+    )

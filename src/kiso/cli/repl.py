@@ -45,6 +45,7 @@ from kiso.kernel import (
     ToolCall,
     Uncertain,
     Usage,
+    ascii_int,
     billed,
     kiso_home,
     new_id,
@@ -1119,7 +1120,8 @@ class Plain:
             answer = await self.line(f"choose 1-{len(panel.options)}: ")
             if answer is None:
                 return None
-            option = panel.pick(int(answer) - 1) if answer.strip().isdigit() else None
+            number = ascii_int(answer.strip())
+            option = panel.pick(number - 1) if number is not None else None
             if option is not None:
                 if option.action == "no":
                     panel.reason = await self.line("why (the model is told): ") or ""

@@ -16,10 +16,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiso.kernel import JsonlSessionStore, SessionNotFoundError, UsageError, kiso_home
+from kiso.kernel import JsonlSessionStore, SessionNotFoundError, UsageError, ascii_int, kiso_home
 from kiso.mcp import McpManager, load_configs, load_mcp
 from kiso.runtime import Agent, Session
-from kiso.runtime.config import Config, load_config
+from kiso.runtime.config import MIN_WINDOW, WINDOW_RULE, Config, ConfigError, load_config
 from kiso.runtime.context import LEARNED_FILE, Window
 from kiso.runtime.extensions import ExtensionSet, load_cascade
 from kiso.runtime.models import ResolvedModel, build_adapter, resolve_model
@@ -189,18 +189,19 @@ SKILLS_HEADER = (
 
 
 def context_window(resolved: ResolvedModel, home: Path) -> Window:
-    """The model's window: ``KISO_CONTEXT_WINDOW``, else the profile's ``contextWindow``, else
-    the registry's; lowered by what an endpoint's refusal taught (``learned-windows.json``)."""
+    """The model's window: ``KISO_CONTEXT_WINDOW``, else the profile's ``contextWindow`` (the
+    person's word, so either wins over a learned window), else what an endpoint's refusal
+    taught (``learned-windows.json``), else the registry's. A bad value is a broken setting,
+    like a bad ``KISO_MODE``: one line naming it, exit 1 (docs/cli.md)."""
     profile = resolved.profile
     raw = os.environ.get("KISO_CONTEXT_WINDOW", "").strip()
     explicit = profile.context_window if profile is not None else None
     source = "profile"
     if raw:
-        if not raw.isdigit() or int(raw) < 256:
-            raise UsageError(
-                f"KISO_CONTEXT_WINDOW={raw!r}: must be a whole number of tokens, 256 or more"
-            )
-        explicit, source = int(raw), "KISO_CONTEXT_WINDOW"
+        tokens = ascii_int(raw)
+        if tokens is None or tokens < MIN_WINDOW:
+            raise ConfigError(f"KISO_CONTEXT_WINDOW={raw!r}: must be {WINDOW_RULE}")
+        explicit, source = tokens, "KISO_CONTEXT_WINDOW"
     if profile is None:
         name = f"faux:{resolved.faux_script or 'keyless'}"
         return Window(name, explicit=explicit, explicit_source=source)

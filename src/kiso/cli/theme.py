@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from kiso.kernel import UsageError
+from kiso.kernel import UsageError, ascii_int
 
 __all__ = [
     "THEMES",
@@ -106,10 +106,9 @@ def from_colorfgbg(value: str | None) -> str | None:
     """``COLORFGBG`` (``"15;0"``: foreground;background as ANSI colour numbers) -> a theme."""
     if not value:
         return None
-    last = value.rsplit(";", 1)[-1]
-    if not last.isdigit():
+    bg = ascii_int(value.rsplit(";", 1)[-1])
+    if bg is None:
         return None
-    bg = int(last)
     return "light" if bg == 7 or 9 <= bg <= 15 else "dark"
 
 

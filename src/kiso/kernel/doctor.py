@@ -51,6 +51,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kiso.kernel._fields import ascii_int
 from kiso.kernel.errors import CorruptLogError, EventError, StoreError, describe_os_error
 from kiso.kernel.events import (
     ApprovalDecided,
@@ -653,8 +654,8 @@ def _executions(events: Iterable[Event]) -> tuple[set[str], set[str]]:
 
 
 def _by_seq(execution_id: str) -> tuple[int, str]:
-    tail = execution_id.rsplit(":", 1)[-1]
-    return (int(tail), execution_id) if tail.isdigit() else (1 << 62, execution_id)
+    seq = ascii_int(execution_id.rsplit(":", 1)[-1])
+    return (seq, execution_id) if seq is not None else (1 << 62, execution_id)
 
 
 # --------------------------------------------------------------------------- the file handling

@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from kiso.kernel import ImageBlock, UsageError
+from kiso.kernel import ImageBlock, UsageError, ascii_int
 from kiso.providers.base import ProviderError
 from kiso.providers.errors import from_sdk_error, from_status, is_context_overflow
 
@@ -88,8 +88,9 @@ _CODE_STATUS = {
 
 def _status_for(code: str) -> int | None:
     code = code.strip().lower()
-    if code.isdigit():
-        return int(code)
+    number = ascii_int(code)
+    if number is not None:
+        return number
     status = _CODE_STATUS.get(code)
     if status is None and (code.startswith(("invalid_", "image_")) or code.endswith("_image")):
         return 400

@@ -39,16 +39,20 @@ from urllib.parse import urlsplit
 from kiso.kernel import UsageError
 from kiso.runtime.approvals import MODES
 
-__all__ = ["KINDS", "Config", "ConfigError", "Profile", "load_config"]
+__all__ = ["KINDS", "MIN_WINDOW", "WINDOW_RULE", "Config", "ConfigError", "Profile", "load_config"]
 
 KINDS = ("openai-compat", "anthropic", "openai-responses")
+MIN_WINDOW = 256
+"""The smallest context window a person may set (a profile's ``contextWindow`` and
+``KISO_CONTEXT_WINDOW`` alike): less holds no system prompt, so it can only be a typo."""
+WINDOW_RULE = f"a whole number of tokens, {MIN_WINDOW} or more"
 _PROFILE_KEYS = {
     "kind": "one of openai-compat, anthropic, openai-responses",
     "model": "the vendor's model id",
     "apiKeyEnv": "the NAME of the environment variable holding the key",
     "baseUrl": "an http(s) URL",
     "promptCaching": "true or false",
-    "contextWindow": "a positive integer (tokens)",
+    "contextWindow": WINDOW_RULE,
     "effort": "an effort level the model accepts",
 }
 _TOP_KEYS = {
@@ -192,9 +196,10 @@ def _profile(path: Path, name: str, raw: Any) -> Profile:
         raise ConfigError(f"{where}.promptCaching: must be true or false, got {caching!r}")
     window = raw.get("contextWindow")
     if window is not None and (
-        not isinstance(window, int) or isinstance(window, bool) or window < 1
+        not isinstance(window, int) or isinstance(window, bool) or window < MIN_WINDOW
     ):
-        raise ConfigError(f"{where}.contextWindow: must be {_PROFILE_KEYS['contextWindow']}")
+        shown = json.dumps(window)
+        raise ConfigError(f"{where}.contextWindow={shown}: must be {WINDOW_RULE}")
     effort = raw.get("effort")
     if effort is not None and not isinstance(effort, str):
         raise ConfigError(f"{where}.effort: must be a string such as low, medium or high")

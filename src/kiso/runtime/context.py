@@ -1,14 +1,20 @@
 """How big the context is, and how big it may be: the model's window, the last request's size,
 and the rent ledger that ``/context`` shows and ``ctx left ~N%`` is computed from.
 
-**The window**, smallest of what is known, first found wins for the base:
+**The window**, first found:
 
-1. a profile's ``contextWindow`` (the person said so), else the registry's row for the model
-   (:mod:`kiso.providers.registry`), else 128,000 (``DEFAULT``; said so in ``/context``);
-2. lowered (never raised) by a window *learned* from an endpoint's refusal: a server that says
-   "request (6031 tokens) exceeds the available context size (4096 tokens)" has a 4,096-token
-   window whatever the registry thinks. Learned windows are kept in
-   ``$KISO_HOME/learned-windows.json``, keyed by endpoint and model, so the next start knows.
+1. an explicit setting, the person's word: ``KISO_CONTEXT_WINDOW``, else a profile's
+   ``contextWindow`` (or ``Agent(window=…)``);
+2. a window *learned* from an endpoint's refusal: a server that says "request (6031 tokens)
+   exceeds the available context size (4096 tokens)" has a 4,096-token window whatever the
+   registry thinks. Learned windows are kept in ``$KISO_HOME/learned-windows.json``, keyed by
+   endpoint and model, so the next start knows;
+3. the registry's row for the model (:mod:`kiso.providers.registry`), else 128,000
+   (``DEFAULT``; said so in ``/context``).
+
+Within a process a refusal always lowers the window (an explicit one too: the endpoint has
+just said it holds less), and the value is recorded; an explicit setting wins again at the
+next start, so a learned window can always be raised by setting one.
 
 **The size** of the next request is measured by the provider's own count of the last one
 (input, cache reads and writes, plus the output it added to the conversation), plus an estimate
@@ -59,20 +65,47 @@ class WindowInfo:
     """``profile``, ``KISO_CONTEXT_WINDOW``, ``agent``, ``registry``, ``default`` (nothing
     known: assumed) or ``learned``."""
 
+    @property
+    def how_to_change(self) -> str:
+        """What sets another window, for a message that names this one."""
+        return _CHANGE.get(self.source, _OVERRIDE)
+
+    @property
+    def says_how_to_change(self) -> bool:
+        """Whether :meth:`describe` already says how to set another window."""
+        return self.source in ("learned", "default")
+
     def describe(self) -> str:
-        said = {
-            "profile": "the profile's contextWindow",
-            "KISO_CONTEXT_WINDOW": "set by KISO_CONTEXT_WINDOW",
-            "agent": "given to the Agent",
-            "registry": "kiso's model registry",
-            "default": "assumed: the model is not in the registry",
-            "learned": "learned from the endpoint's refusal",
-        }.get(self.source, self.source)
-        return f"{self.tokens:,} tokens ({said})"
+        """The size and where it came from; a window kiso assumed or learned also says how to
+        override it (an explicit setting wins over both)."""
+        said = f"{self.tokens:,} tokens ({_SAID.get(self.source, self.source)})"
+        if self.says_how_to_change:
+            said += f", which {_OVERRIDERS} overrides"
+        return said
+
+
+_SAID = {
+    "profile": "the profile's contextWindow",
+    "KISO_CONTEXT_WINDOW": "set by KISO_CONTEXT_WINDOW",
+    "agent": "given to the Agent",
+    "registry": "kiso's model registry",
+    "default": "assumed: the model is not in the registry",
+    "learned": "learned from the endpoint's refusal",
+}
+_OVERRIDERS = "a profile's contextWindow or KISO_CONTEXT_WINDOW"
+_OVERRIDE = f"{_OVERRIDERS} overrides it"
+_CHANGE = {
+    "profile": "KISO_CONTEXT_WINDOW or the profile's contextWindow changes it",
+    "KISO_CONTEXT_WINDOW": "KISO_CONTEXT_WINDOW changes it",
+    "agent": "Agent(window=…) changes it",
+}
 
 
 class Window:
-    """The context window of one model at one endpoint: resolved, and lowered by refusals."""
+    """The context window of one model at one endpoint: resolved, and lowered by refusals.
+
+    ``explicit`` (the person's setting) wins over a window learned at an earlier start, which
+    wins over the registry; a refusal in this process lowers whichever is in force."""
 
     def __init__(
         self,
@@ -91,7 +124,7 @@ class Window:
         self._learned: int | None = None
         self._base: WindowInfo | None = None
         self._lock = threading.Lock()
-        if learned_file is not None:
+        if learned_file is not None and not explicit:  # the person's word wins over a memory
             value = _read_learned(learned_file).get(self.key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 self._learned = value

@@ -13,7 +13,7 @@ import os
 import signal
 from collections.abc import Mapping, Sequence
 
-from kiso.kernel import Event, UsageError
+from kiso.kernel import Event, UsageError, ascii_int
 from kiso.kernel.events import EVENT_TYPES
 
 __all__ = ["Failpoint"]
@@ -31,12 +31,13 @@ class Failpoint:
         if not spec:
             return cls(None)
         kind, _, count = spec.partition(":")
-        if kind not in EVENT_TYPES or (count and (not count.isdigit() or int(count) < 1)):
+        nth = ascii_int(count) if count else 1
+        if kind not in EVENT_TYPES or nth is None or nth < 1:
             raise UsageError(
                 f"KISO_FAILPOINT={spec!r}: expected <event-type>[:<n>] with an event type of "
                 f"{', '.join(sorted(EVENT_TYPES))} and n >= 1"
             )
-        return cls(kind, int(count) if count else 1)
+        return cls(kind, nth)
 
     @property
     def active(self) -> bool:

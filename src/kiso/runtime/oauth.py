@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from kiso.kernel import ascii_int
 from kiso.providers.base import ProviderError
 from kiso.runtime.auth import AuthError, AuthStore, OAuthCredential
 
@@ -163,9 +164,10 @@ def chatgpt_settings(environ: Mapping[str, str] | None = None) -> ChatGPTSetting
     if not client_id or any(ch.isspace() for ch in client_id):
         raise AuthError(f"KISO_CHATGPT_CLIENT_ID={client_id!r}: not a client id")
     raw_port = (env.get("KISO_CHATGPT_CALLBACK_PORT") or str(DEFAULT_PORT)).strip()
-    if not raw_port.isdigit() or int(raw_port) > 65535:
+    port = ascii_int(raw_port)
+    if port is None or port > 65535:
         raise AuthError(f"KISO_CHATGPT_CALLBACK_PORT={raw_port!r}: must be a port, 0 to 65535")
-    return ChatGPTSettings(issuer, client_id, origin, int(raw_port))
+    return ChatGPTSettings(issuer, client_id, origin, port)
 
 
 # --------------------------------------------------------------------------- the authorize step

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiso.kernel import UsageError
+from kiso.kernel import UsageError, ascii_int
 from kiso.kernel.ids import SESSION_ID_PATTERN
 from kiso.runtime.globs import glob_regex
 from kiso.runtime.hooks import CallContext, Hook, Verdict
@@ -112,7 +112,7 @@ def child_role(environ: Mapping[str, str] | None = None) -> ChildRole | None:
     raw_depth = env.get("KISO_SUBAGENT_DEPTH", "").strip()
     if raw_depth in ("", "0"):
         return None
-    if not raw_depth.isdigit():
+    if ascii_int(raw_depth) is None:
         raise UsageError(f"KISO_SUBAGENT_DEPTH must be a whole number, got {raw_depth!r}")
     role = env.get("KISO_SUBAGENT_ROLE", "")
     if role not in ROLES:
