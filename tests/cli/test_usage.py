@@ -611,3 +611,36 @@ def test_a_prompt_bigger_than_the_window_is_refused_and_creates_no_session(
     assert "~5,00" in said and "3,000 tokens (set by KISO_CONTEXT_WINDOW)" in said
     assert "nothing was recorded" in said
     assert not list(home.rglob("toobig.*"))  # no log, no lock: `kiso sessions` shows nothing
+
+
+def test_resume_with_a_dash_reads_the_prompt_from_stdin(tmp_path: Path) -> None:
+    """As ``-p -`` does: the literal ``-`` is never the prompt."""
+    home = tmp_path / "home"
+    s = script(tmp_path, {"text": "first"}, {"text": "second"})
+    env = {"KISO_HOME": str(home), "KISO_FAUX_SCRIPT": s}
+    assert piped(tmp_path, ("-p", "one", "r1"), None, **env).returncode == 0
+    out = piped(tmp_path, ("resume", "r1", "-"), b"two, from a pipe\n", **env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == b"second\n"
+    assert users(home, "r1") == ["one", "two, from a pipe\n"]
+    empty = piped(tmp_path, ("resume", "r1", "-"), b"  \n", **env)
+    assert empty.returncode == 2
+    (line,) = error_lines(empty.stderr.decode())
+    assert "the prompt read from stdin is empty" in line
+    assert users(home, "r1") == ["one", "two, from a pipe\n"]
+
+
+def test_resume_with_a_dash_on_a_terminal_asks_for_a_pipe(tmp_path: Path, ws: Path) -> None:
+    home = tmp_path / "home"
+    s = script(tmp_path, {"text": "first"})
+    assert (
+        piped(ws, ("-p", "one", "r2"), None, KISO_HOME=str(home), KISO_FAUX_SCRIPT=s).returncode
+        == 0
+    )
+    term = Term([str(BIN), "resume", "r2", "-"], cwd=ws, home=home)
+    try:
+        term.wait_for("reads the prompt from stdin", timeout=20)
+        assert term.exit_status() == 2
+    finally:
+        term.close()
+    assert users(home, "r2") == ["one"]

@@ -241,8 +241,28 @@ def test_the_cut_keeps_the_recent_tenth_whole_pairs_and_copies_inputs_and_edits(
         ((TextBlock('ok <tool_call>{"name": "shell"}</tool_call>'),), "tool-call markup"),
         ((TextBlock("Let me run the tests now."),), "continued the work"),
         ((TextBlock("Sure, I'll edit a.py next."),), "continued the work"),
+        ((TextBlock("OK, running the tests."),), "continued the work"),
+        ((TextBlock("Sure! First I'll check the file."),), "continued the work"),
+        ((TextBlock("Okay, now checking a.py for the bug."),), "continued the work"),
+        ((TextBlock('<function=shell>{"command": "ls"}</function>'),), "tool-call markup"),
+        ((TextBlock(GOOD + '\n```json\n{"name": "shell", "arguments": {"command": "ls"}}\n```'),),
+         "tool-call markup"),
+        ((TextBlock('```\n{"name": "read_file", "parameters": {"path": "a.txt"}}\n```'),),
+         "tool-call markup"),
+        ((TextBlock('{"type": "function", "function": {"name": "shell"}}'),), "tool-call markup"),
+        ((TextBlock("<think>The user wants a summary. I will write one.</think>"),),
+         "the summary was empty"),
+        ((TextBlock("<think>\nI should summarize"),), "the summary was empty"),  # never closed
+        ((TextBlock("## Goal\n"),), "headings with nothing under them"),
+        ((TextBlock("## Goal\n## Current work\n\n**Next steps**\n"),),
+         "headings with nothing under them"),
+        ((TextBlock("\u200b"),), "the summary was empty"),
+        ((TextBlock("\ufeff\u200b \u2060\n"),), "the summary was empty"),
+        ((TextBlock("<think>done thinking</think>\nOK, running the tests."),),
+         "continued the work"),
+        ((TextBlock("## Goal\nfix it\n<tool_call>`x`</tool_call>"),), "tool-call markup"),
     ],
-)
+)  # fmt: skip
 def test_a_bad_summary_is_rejected_with_its_reason(blocks: tuple[Any, ...], why: str) -> None:
     reason, _ = check_summary(blocks)
     assert reason is not None and why in reason
@@ -251,6 +271,24 @@ def test_a_bad_summary_is_rejected_with_its_reason(blocks: tuple[Any, ...], why:
 def test_a_good_summary_passes_even_when_it_starts_politely() -> None:
     assert check_summary((TextBlock(GOOD),))[0] is None
     assert check_summary((TextBlock("Sure, here is the summary.\n" + GOOD),))[0] is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "## Goal\nThe user asked about `<tool_call>` markup handling in the parser",
+        '## Goal\nsupport Llama\'s ``<function=name>`` calls and `"tool_calls":` in the parser',
+        "OK, nothing was changed yet.\n## Goal\nread the files",
+        "Okay, summarizing: the goal was to read the files.",
+        "<think>what matters here</think>\n" + GOOD,
+        "\u200b" + GOOD,
+        "## Goal\nread the files\n## Constraints\n## Next steps\nnone",  # one empty: fine
+    ],
+)
+def test_a_good_summary_is_accepted(text: str) -> None:
+    reason, kept = check_summary((TextBlock(text),))
+    assert reason is None, reason
+    assert "<think>" not in kept  # a reasoning model's thinking is not part of the summary
 
 
 @pytest.mark.parametrize(
@@ -545,3 +583,13 @@ def test_measuring_every_round_costs_the_new_messages_only(
         per_run.append(counted[0])
     assert per_run[0] >= 100  # it did measure, every round
     assert per_run[1] < per_run[0] * 6, per_run  # linear: 4x the rounds, about 4x the work
+
+
+@pytest.mark.parametrize(("covered", "said"), [(1, "1 message →"), (2, "2 messages →")])
+def test_the_compaction_line_counts_its_messages_in_english(covered: int, said: str) -> None:
+    from kiso.kernel import Compacted
+
+    event = Compacted(run="r", covers_to_seq=3, summary=GOOD, trigger="auto",
+                      tokens_before=900, tokens_after=100)  # fmt: skip
+    line = stream.Compaction(event, covered, False).describe()
+    assert f"⟳ compacted (auto): {said} a summary · ~900 → ~100 tokens" in line

@@ -328,7 +328,8 @@ def resume(
     append_here: str | None,
     system_file_here: str | None,
 ) -> None:
-    """Continue a session: with no id, pick one; headless when stdin is not a terminal."""
+    """Continue a session: with no id, pick one; headless when stdin is not a terminal. A
+    PROMPT of - reads the prompt from stdin, as -p - does."""
     run = _Run(
         ctx,
         {
@@ -356,6 +357,12 @@ def resume(
         session_id = pick_session(JsonlSessionStore(), Path(os.getcwd()))
         if session_id is None:
             return
+    if prompt == "-":  # as with `-p -`: the prompt is all of stdin (so stdin is no terminal)
+        given = _stdin_prompt(
+            f"`kiso resume {session_id} -` reads the prompt from stdin, and stdin is a "
+            f"terminal; pipe it: `kiso resume {session_id} - < prompt.txt`"
+        )
+        sys.exit(run.headless(given, session_id, must_exist=True))
     if interactive:
         sys.exit(run.interactive(session_id, prompt, must_exist=True))
     sys.exit(run.headless(prompt, session_id, must_exist=True))
@@ -394,15 +401,9 @@ def _prompt_text(value: str) -> PromptInput:
     stdin = sys.stdin
     piped = stdin is not None and not stdin.isatty()
     if value == "-":
-        if not piped:
-            raise click.UsageError(
-                'print mode needs a prompt: `kiso -p "prompt"`, or pipe it: '
-                "`kiso -p - < prompt.txt`"
-            )
-        text = _read_stdin(None)
-        if text is None or not text.strip():
-            raise click.UsageError("the prompt read from stdin is empty")
-        return PromptInput("", text)
+        return _stdin_prompt(
+            'print mode needs a prompt: `kiso -p "prompt"`, or pipe it: `kiso -p - < prompt.txt`'
+        )
     if not value.strip():
         raise click.UsageError('the prompt is empty: `kiso -p "prompt"`')
     if not piped:
@@ -416,6 +417,20 @@ def _prompt_text(value: str) -> PromptInput:
         )
         return PromptInput(value)
     return PromptInput(value, extra) if extra.strip() else PromptInput(value)
+
+
+def _stdin_prompt(no_pipe: str) -> PromptInput:
+    """A prompt of ``-``: all of stdin, sent as it came (no attachments are read from piped
+    text). ``no_pipe``: the usage error when stdin is a terminal (nothing would ever end it)."""
+    from kiso.cli.print_mode import PromptInput
+
+    stdin = sys.stdin
+    if stdin is None or stdin.isatty():
+        raise click.UsageError(no_pipe)
+    text = _read_stdin(None)
+    if text is None or not text.strip():
+        raise click.UsageError("the prompt read from stdin is empty")
+    return PromptInput("", text)
 
 
 def _read_stdin(wait: float | None) -> str | None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import unicodedata
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -87,15 +88,26 @@ VERBATIM_HEADER = "## Kept verbatim from the summarized part"
 
 _TOOL_MARKUP = re.compile(
     r"<tool_call>|</?function_calls>|<invoke\b|<tool_use\b|\[TOOL_CALLS\]|<\|tool_call|"
-    r"\"tool_calls\"\s*:|\"type\"\s*:\s*\"(?:tool_use|function_call)\"|<\|python_tag\|>",
+    r"\"tool_calls\"\s*:|\"type\"\s*:\s*\"(?:tool_use|function_call)\"|<\|python_tag\|>|"
+    r"<function=[\w.-]+>|"  # Llama's <function=shell>{...}</function>
+    r"\"name\"\s*:\s*\"[^\"\n]*\"\s*,\s*\"(?:arguments|parameters)\"\s*:|"  # a JSON call
+    r"\"function\"\s*:\s*\{\s*\"name\"",
     re.IGNORECASE,
 )
+_ACK = r"(?:(?:sure|okay|ok|alright|great|got it|right|understood)[,.!]?\s+)"
+_THEN = r"(?:(?:first|now|next|then)\b,?\s*)"
 _CONTINUES = re.compile(
-    r"^(?:(?:sure|okay|ok|alright|great|got it)[,.!]?\s+)?"
+    rf"^(?!.*\bsummar)(?:{_ACK}?{_THEN}?"
     r"(?:i'll|i will|let me|let's|now i|next,? i|i am going to|i'm going to)\b"
-    r"(?!.*\bsummar)",
+    # "OK, running the tests.": an acknowledgement, then what it is doing
+    rf"|{_ACK}{_THEN}?(?!(?:no|some|any|every)?thing\b|during\b|string\b)[a-z]+ing\b)",
     re.IGNORECASE,
 )
+_THINK = re.compile(r"<(think|thinking)>.*?(?:</\1>|\Z)", re.IGNORECASE | re.DOTALL)
+_INLINE_CODE = re.compile(r"(?<!`)(`{1,2})(?!`)[^\n]+?(?<!`)\1(?!`)")
+"""A code span (`` `x` ``, ``` ``x`` ```): markup named inside one is discussed, not called.
+Fences (```` ``` ````) are not spans: a fenced block that is a call is still a call."""
+_HEADING = re.compile(r"#{1,6}(?:\s.*)?|\*\*[^*]+\*\*:?|__[^_]+__:?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,16 +266,22 @@ def _verbatim(
 
 
 def check_summary(blocks: Sequence[object]) -> tuple[str | None, str]:
-    """``(why it is rejected or None, the summary text)`` for a summary turn's blocks."""
-    text = "".join(b.text for b in blocks if isinstance(b, TextBlock)).strip()
+    """``(why it is rejected or None, the summary text)`` for a summary turn's blocks. A
+    reasoning model's ``<think>`` blocks are not summary: they are dropped before judging (and
+    from the text); zero-width and other invisible characters do not count as content."""
+    raw = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+    text = _THINK.sub("", raw).strip()
     if any(isinstance(b, ToolCall) for b in blocks):
         return "the model called a tool instead of summarizing", text
-    if not text:
+    visible = "".join(c for c in text if unicodedata.category(c) != "Cf").strip()
+    if not visible:
         return "the summary was empty", text
-    if _TOOL_MARKUP.search(text):
+    lines = [line.strip() for line in visible.splitlines() if line.strip()]
+    if all(_HEADING.fullmatch(line) for line in lines):
+        return "the summary was empty: headings with nothing under them", text
+    if _TOOL_MARKUP.search(_INLINE_CODE.sub("", visible)):
         return "the summary carries tool-call markup", text
-    first = text.lstrip("#*> \t").splitlines()[0] if text else ""
-    if _CONTINUES.match(first):
+    if _CONTINUES.match(lines[0].lstrip("#*> \t")):
         return "the model continued the work instead of summarizing it", text
     return None, text
 

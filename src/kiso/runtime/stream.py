@@ -311,8 +311,9 @@ class Compaction:
         before = f"~{c.tokens_before:,}" if c.tokens_before is not None else "?"
         after = f"~{c.tokens_after:,}" if c.tokens_after is not None else "?"
         said = " (estimated)" if self.estimated else ""
+        messages = "message" if self.covered == 1 else "messages"
         return (
-            f"⟳ compacted ({c.trigger}): {self.covered} messages → a summary · {before} → "
+            f"⟳ compacted ({c.trigger}): {self.covered} {messages} → a summary · {before} → "
             f"{after} tokens{said} · the log keeps every event"
         )
 
