@@ -75,7 +75,7 @@ class Guards:
             words = guard_path(where, execution_id).read_text("utf-8", "replace").split()
         except OSError:
             return None
-        if len(words) >= 2 and words[0] == "pid" and words[1].isdigit():
+        if len(words) >= 2 and words[0] == "pid" and words[1].isascii() and words[1].isdigit():
             return int(words[1])
         return None
 
