@@ -245,8 +245,6 @@ def test_the_cut_keeps_the_recent_tenth_whole_pairs_and_copies_inputs_and_edits(
         ((TextBlock("Sure! First I'll check the file."),), "continued the work"),
         ((TextBlock("Okay, now checking a.py for the bug."),), "continued the work"),
         ((TextBlock('<function=shell>{"command": "ls"}</function>'),), "tool-call markup"),
-        ((TextBlock(GOOD + '\n```json\n{"name": "shell", "arguments": {"command": "ls"}}\n```'),),
-         "tool-call markup"),
         ((TextBlock('```\n{"name": "read_file", "parameters": {"path": "a.txt"}}\n```'),),
          "tool-call markup"),
         ((TextBlock('{"type": "function", "function": {"name": "shell"}}'),), "tool-call markup"),
@@ -261,6 +259,13 @@ def test_the_cut_keeps_the_recent_tenth_whole_pairs_and_copies_inputs_and_edits(
         ((TextBlock("<think>done thinking</think>\nOK, running the tests."),),
          "continued the work"),
         ((TextBlock("## Goal\nfix it\n<tool_call>`x`</tool_call>"),), "tool-call markup"),
+        ((TextBlock("I\u2019ll run the tests now."),), "continued the work"),  # a curly apostrophe
+        ((TextBlock("\u00a0\u3000\u2800"),), "the summary was empty"),  # blank-looking marks
+        ((TextBlock("..."),), "the summary was empty"),
+        ((TextBlock("---\n***"),), "the summary was empty"),
+        ((TextBlock("\uff1ctool_call\uff1e{}\uff1c/tool_call\uff1e"),), "tool-call markup"),
+        ((TextBlock('```json\n{"name": "shell", "arguments": {"command": "ls"}}\n```'),),
+         "tool-call markup"),
     ],
 )  # fmt: skip
 def test_a_bad_summary_is_rejected_with_its_reason(blocks: tuple[Any, ...], why: str) -> None:
@@ -283,6 +288,18 @@ def test_a_good_summary_passes_even_when_it_starts_politely() -> None:
         "<think>what matters here</think>\n" + GOOD,
         "\u200b" + GOOD,
         "## Goal\nread the files\n## Constraints\n## Next steps\nnone",  # one empty: fine
+        "Okay, according to the user, the goal is to add retries.",
+        "Understood. Remaining work: the retry test.",
+        "OK, existing tests pass; the goal is a retry flag.",
+        "Alright, pending items: docs.",
+        "## Goal: add retries\n## Next steps: none",  # content on the heading's line
+        # a session about tool definitions or a tool-call parser: code that names calls is data
+        '## Goal\nthe weather tool\n```json\n{"type": "function", "function": {"name": '
+        '"get_weather", "parameters": {}}}\n```',
+        '## Goal\na deploy step\n```json\n{"name": "deploy-step", "parameters": {"env": "x"}}\n```',
+        '## Files and changes\nparser.py:\n```python\nmsg = {"role": "assistant", '
+        '"tool_calls": calls}\n```',
+        GOOD + '\n```json\n{"name": "shell", "arguments": {"command": "ls"}}\n```',
     ],
 )
 def test_a_good_summary_is_accepted(text: str) -> None:

@@ -96,18 +96,37 @@ _TOOL_MARKUP = re.compile(
 )
 _ACK = r"(?:(?:sure|okay|ok|alright|great|got it|right|understood)[,.!]?\s+)"
 _THEN = r"(?:(?:first|now|next|then)\b,?\s*)"
+_DOING = (
+    r"(?:running|checking|reading|looking|opening|searching|writing|editing|fixing|starting|"
+    r"continuing|proceeding|executing|applying|trying|calling|creating|updating|installing|"
+    r"building|testing|going|moving|implementing|adding|removing|investigating)\b"
+)
 _CONTINUES = re.compile(
     rf"^(?!.*\bsummar)(?:{_ACK}?{_THEN}?"
     r"(?:i'll|i will|let me|let's|now i|next,? i|i am going to|i'm going to)\b"
-    # "OK, running the tests.": an acknowledgement, then what it is doing
-    rf"|{_ACK}{_THEN}?(?!(?:no|some|any|every)?thing\b|during\b|string\b)[a-z]+ing\b)",
+    # "OK, running the tests.": an acknowledgement, then the work it is doing (a verb of work:
+    # "Okay, according to the user…" and "Understood. Remaining work…" are summaries)
+    rf"|{_ACK}{_THEN}?{_DOING})",
     re.IGNORECASE,
 )
 _THINK = re.compile(r"<(think|thinking)>.*?(?:</\1>|\Z)", re.IGNORECASE | re.DOTALL)
+_FENCED = re.compile(r"^[ \t]*(```+|~~~+)[^\n]*\n.*?(?:^[ \t]*\1[ \t]*$|\Z)", re.M | re.S)
+"""A fenced code block (to its closing fence, or the end of the text)."""
 _INLINE_CODE = re.compile(r"(?<!`)(`{1,2})(?!`)[^\n]+?(?<!`)\1(?!`)")
-"""A code span (`` `x` ``, ``` ``x`` ```): markup named inside one is discussed, not called.
-Fences (```` ``` ````) are not spans: a fenced block that is a call is still a call."""
-_HEADING = re.compile(r"#{1,6}(?:\s.*)?|\*\*[^*]+\*\*:?|__[^_]+__:?")
+"""A code span (`` `x` ``, ``` ``x`` ```)."""
+_HEADING = re.compile(r"(?:#{1,6}\s*|\*\*|__)(?P<title>[^*_#:]*?)[ \t]*:?[ \t]*(?:\*\*|__)?:?")
+_TEMPLATE = frozenset(
+    line[3:].lower() for line in SUMMARY_INSTRUCTION.splitlines() if line.startswith("## ")
+)
+"""The headings the instruction asks for: a summary of only these says nothing."""
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u02bc": "'", "\u201c": '"', "\u201d": '"'})
+
+
+def _plain(text: str) -> str:
+    """The text as judged: compatibility forms folded (a fullwidth less-than is ``<``), curly quotes
+    straight, invisible format characters (zero-width spaces, joiners) gone."""
+    folded = unicodedata.normalize("NFKC", text).translate(_QUOTES)
+    return "".join(c for c in folded if unicodedata.category(c) != "Cf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,24 +285,40 @@ def _verbatim(
 
 
 def check_summary(blocks: Sequence[object]) -> tuple[str | None, str]:
-    """``(why it is rejected or None, the summary text)`` for a summary turn's blocks. A
-    reasoning model's ``<think>`` blocks are not summary: they are dropped before judging (and
-    from the text); zero-width and other invisible characters do not count as content."""
+    """``(why it is rejected or None, the summary text)`` for a summary turn's blocks.
+
+    A reasoning model's ``<think>`` blocks are not summary: they are dropped before judging (and
+    from the text). Rejected: a tool call; nothing with a letter or digit in it; only the
+    instruction's headings; tool-call markup in the prose (markup inside code, a fenced block or
+    a code span, is a summary discussing it, unless the summary is nothing but that code); an
+    opening that carries on with the work ("Let me…", "OK, running the tests")."""
     raw = "".join(b.text for b in blocks if isinstance(b, TextBlock))
     text = _THINK.sub("", raw).strip()
     if any(isinstance(b, ToolCall) for b in blocks):
         return "the model called a tool instead of summarizing", text
-    visible = "".join(c for c in text if unicodedata.category(c) != "Cf").strip()
-    if not visible:
+    plain = _plain(text)
+    if not any(c.isalnum() for c in plain):
         return "the summary was empty", text
-    lines = [line.strip() for line in visible.splitlines() if line.strip()]
-    if all(_HEADING.fullmatch(line) for line in lines):
+    lines = [line.strip() for line in plain.splitlines() if line.strip()]
+    if all(_is_template_heading(line) for line in lines):
         return "the summary was empty: headings with nothing under them", text
-    if _TOOL_MARKUP.search(_INLINE_CODE.sub("", visible)):
+    prose = _INLINE_CODE.sub("", _FENCED.sub("", plain))
+    if _TOOL_MARKUP.search(prose):
         return "the summary carries tool-call markup", text
+    if not any(c.isalnum() for c in prose) and _TOOL_MARKUP.search(plain):
+        return (
+            "the summary carries tool-call markup and nothing else (a call in a code block)",
+            text,
+        )
     if _CONTINUES.match(lines[0].lstrip("#*> \t")):
         return "the model continued the work instead of summarizing it", text
     return None, text
+
+
+def _is_template_heading(line: str) -> bool:
+    """A heading line that is one of the instruction's headings and nothing more."""
+    found = _HEADING.fullmatch(line)
+    return found is not None and found.group("title").strip().lower() in (_TEMPLATE | {""})
 
 
 def _transcript(messages: Sequence[Message], budget_tokens: int) -> str:
