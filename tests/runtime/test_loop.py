@@ -550,3 +550,40 @@ def test_unique_call_ids_suffix_a_repeated_id_with_the_turns_seq() -> None:
     assert again == ["a_9_1", "a_9_2", "call_3_9"]
     kept = (ToolCall("toolu_1", "n", {}),)
     assert _unique_call_ids(kept, {"toolu_0"}, 4) == kept  # a fresh id is left as it came
+
+
+def test_a_lone_surrogate_from_the_provider_is_replaced_not_fatal(tmp_path: Path) -> None:
+    """``"\\ud800"`` is valid JSON but no UTF-8: the turn is recorded with U+FFFD in its place,
+    and the run goes on (it used to end ``invalid_turn``)."""
+    from kiso.kernel import Assistant, ExecutionFinished, JsonlSessionStore
+    from kiso.providers import FauxAdapter
+    from kiso.runtime import Agent
+    from kiso.tools.base import define_tool
+
+    seen: list[str] = []
+    echo = define_tool(
+        "echo",
+        "Echo a word",
+        {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+        lambda args, ctx: seen.append(args["word"]) or "echoed",
+        effects="read",
+    )
+    turns = [
+        {"text": "say \ud800", "tool_calls": [{"name": "echo", "input": {"word": "a\ud800b"}}]},
+        {"text": "done"},
+    ]
+    agent = Agent(
+        adapter=FauxAdapter(turns),
+        tools=[echo],
+        store=JsonlSessionStore(tmp_path),
+        workspace=tmp_path,
+        mode="bypass",
+    )
+    with agent.session("s") as session:
+        list(session.run_sync("go"))
+        assert session.state.value == "completed"
+    events = JsonlSessionStore(tmp_path).load("s").events
+    first = next(e for e in events if isinstance(e, Assistant))
+    assert first.text == "say \ufffd" and first.calls[0].input == {"word": "a\ufffdb"}
+    assert seen == ["a\ufffdb"]
+    assert any(isinstance(e, ExecutionFinished) for e in events)

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence, Set
 from pathlib import Path
@@ -52,6 +54,8 @@ from kiso.kernel import (
     Outcome,
     ResolveUncertain,
     RunEnded,
+    TextBlock,
+    ThinkingBlock,
     ToolCall,
     UsageError,
     input_sha256,
@@ -647,7 +651,9 @@ async def _call_model(run: Run, run_id: str, failure: list[Outcome]) -> AsyncIte
         (committed,) = session.stage(
             Assistant(
                 run=run_id,
-                blocks=_unique_call_ids(done.blocks, session.call_ids, session.next_seq),
+                blocks=_unique_call_ids(
+                    _encodable(done.blocks), session.call_ids, session.next_seq
+                ),
                 stop=done.stop,  # type: ignore[arg-type]
                 usage=done.usage,
                 model=done.model,
@@ -769,6 +775,42 @@ class _Watchdog:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: str) -> str:
+    return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, dict):
+        return {_text(k) if isinstance(k, str) else k: _value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_value(v) for v in value]
+    return value
+
+
+def _encodable(blocks: tuple[AssistantBlock, ...]) -> tuple[AssistantBlock, ...]:
+    """A turn the log can hold: a lone surrogate (``"\\ud800"`` is valid JSON, but no UTF-8
+    spells it) that a provider put in text or in a call's arguments becomes U+FFFD, instead of
+    an invalid record that ends the run. Blocks without one are returned as they are."""
+    return tuple(_encodable_block(block) for block in blocks)
+
+
+def _encodable_block(block: AssistantBlock) -> AssistantBlock:
+    if isinstance(block, ToolCall):
+        fixed, name = _value(block.input), _text(block.name)
+        if fixed != block.input or name != block.name:
+            return ToolCall(block.call_id, name, fixed)
+    elif isinstance(block, TextBlock | ThinkingBlock):
+        text = _text(block.text)
+        if text != block.text:
+            return dataclasses.replace(block, text=text)
+    return block
 
 
 def _unique_call_ids(
