@@ -183,19 +183,21 @@ def test_rules_may_be_given_as_a_path(tmp_path: Path) -> None:
 
 
 FULLWIDTH_8000 = "\uff18\uff10\uff10\uff10"
+WINDOW_RULE = "must be a whole number of tokens, from 256 to 100,000,000"
 """8000 in fullwidth digits: isdigit() is true, and int() reads it."""
 
 
 @pytest.mark.parametrize(
     ("variable", "value", "said"),
     [
-        ("KISO_CONTEXT_WINDOW", "²", "must be a whole number of tokens, 256 or more"),
-        ("KISO_CONTEXT_WINDOW", "٣٠٠٠", "must be a whole number of tokens, 256 or more"),
-        ("KISO_CONTEXT_WINDOW", FULLWIDTH_8000, "must be a whole number of tokens, 256 or more"),
-        ("KISO_CONTEXT_WINDOW", "0", "must be a whole number of tokens, 256 or more"),
-        ("KISO_CONTEXT_WINDOW", "-1", "must be a whole number of tokens, 256 or more"),
-        ("KISO_CONTEXT_WINDOW", "1e6", "must be a whole number of tokens, 256 or more"),
-        ("KISO_CONTEXT_WINDOW", "255", "must be a whole number of tokens, 256 or more"),
+        ("KISO_CONTEXT_WINDOW", "²", WINDOW_RULE),
+        ("KISO_CONTEXT_WINDOW", "٣٠٠٠", WINDOW_RULE),
+        ("KISO_CONTEXT_WINDOW", FULLWIDTH_8000, WINDOW_RULE),
+        ("KISO_CONTEXT_WINDOW", "0", WINDOW_RULE),
+        ("KISO_CONTEXT_WINDOW", "-1", WINDOW_RULE),
+        ("KISO_CONTEXT_WINDOW", "1e6", WINDOW_RULE),
+        ("KISO_CONTEXT_WINDOW", "255", WINDOW_RULE),
+        ("KISO_CONTEXT_WINDOW", "9" * 20, WINDOW_RULE),
         ("KISO_FAILPOINT", "assistant:²", "expected <event-type>[:<n>]"),
         ("KISO_SUBAGENT_DEPTH", "²", "KISO_SUBAGENT_DEPTH must be a whole number"),
     ],

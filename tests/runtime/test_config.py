@@ -85,11 +85,15 @@ def test_project_profiles_override_user_ones_by_name(dirs: tuple[Path, Path]) ->
         ('{"mode": "yolo"}', "mode: must be one of"),
         # the same bound, in the same words, as KISO_CONTEXT_WINDOW
         ('{"models": {"d": {"kind": "anthropic", "model": "m", "contextWindow": 1}}}',
-         "models.d.contextWindow=1: must be a whole number of tokens, 256 or more"),
+         "models.d.contextWindow=1: must be a whole number of tokens, from 256 to 100,000,000"),
         ('{"models": {"d": {"kind": "anthropic", "model": "m", "contextWindow": 255}}}',
-         "models.d.contextWindow=255: must be a whole number of tokens, 256 or more"),
+         "models.d.contextWindow=255: must be a whole number of tokens, from 256 to 100,000,000"),
+        ('{"models": {"d": {"kind": "anthropic", "model": "m", "contextWindow": 100000001}}}',
+         "models.d.contextWindow=100000001: must be a whole number of tokens, from 256 to "
+         "100,000,000"),
         ('{"models": {"d": {"kind": "anthropic", "model": "m", "contextWindow": "8000"}}}',
-         'models.d.contextWindow="8000": must be a whole number of tokens, 256 or more'),
+         'models.d.contextWindow="8000": must be a whole number of tokens, from 256 to '
+         "100,000,000"),
     ],
 )  # fmt: skip
 def test_a_broken_user_config_names_the_file_and_the_key(

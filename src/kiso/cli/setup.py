@@ -19,7 +19,14 @@ from pathlib import Path
 from kiso.kernel import JsonlSessionStore, SessionNotFoundError, UsageError, ascii_int, kiso_home
 from kiso.mcp import McpManager, load_configs, load_mcp
 from kiso.runtime import Agent, Session
-from kiso.runtime.config import MIN_WINDOW, WINDOW_RULE, Config, ConfigError, load_config
+from kiso.runtime.config import (
+    MAX_WINDOW,
+    MIN_WINDOW,
+    WINDOW_RULE,
+    Config,
+    ConfigError,
+    load_config,
+)
 from kiso.runtime.context import LEARNED_FILE, Window
 from kiso.runtime.extensions import ExtensionSet, load_cascade
 from kiso.runtime.models import ResolvedModel, build_adapter, resolve_model
@@ -199,7 +206,7 @@ def context_window(resolved: ResolvedModel, home: Path) -> Window:
     source = "profile"
     if raw:
         tokens = ascii_int(raw)
-        if tokens is None or tokens < MIN_WINDOW:
+        if tokens is None or not MIN_WINDOW <= tokens <= MAX_WINDOW:
             raise ConfigError(f"KISO_CONTEXT_WINDOW={raw!r}: must be {WINDOW_RULE}")
         explicit, source = tokens, "KISO_CONTEXT_WINDOW"
     if profile is None:

@@ -39,13 +39,24 @@ from urllib.parse import urlsplit
 from kiso.kernel import UsageError
 from kiso.runtime.approvals import MODES
 
-__all__ = ["KINDS", "MIN_WINDOW", "WINDOW_RULE", "Config", "ConfigError", "Profile", "load_config"]
+__all__ = [
+    "KINDS",
+    "MAX_WINDOW",
+    "MIN_WINDOW",
+    "WINDOW_RULE",
+    "Config",
+    "ConfigError",
+    "Profile",
+    "load_config",
+]
 
 KINDS = ("openai-compat", "anthropic", "openai-responses")
 MIN_WINDOW = 256
 """The smallest context window a person may set (a profile's ``contextWindow`` and
 ``KISO_CONTEXT_WINDOW`` alike): less holds no system prompt, so it can only be a typo."""
-WINDOW_RULE = f"a whole number of tokens, {MIN_WINDOW} or more"
+MAX_WINDOW = 100_000_000
+"""The largest: no model holds a hundred million tokens, so more is a typo too."""
+WINDOW_RULE = f"a whole number of tokens, from {MIN_WINDOW} to {MAX_WINDOW:,}"
 _PROFILE_KEYS = {
     "kind": "one of openai-compat, anthropic, openai-responses",
     "model": "the vendor's model id",
@@ -196,7 +207,9 @@ def _profile(path: Path, name: str, raw: Any) -> Profile:
         raise ConfigError(f"{where}.promptCaching: must be true or false, got {caching!r}")
     window = raw.get("contextWindow")
     if window is not None and (
-        not isinstance(window, int) or isinstance(window, bool) or window < MIN_WINDOW
+        not isinstance(window, int)
+        or isinstance(window, bool)
+        or not MIN_WINDOW <= window <= MAX_WINDOW
     ):
         shown = json.dumps(window)
         raise ConfigError(f"{where}.contextWindow={shown}: must be {WINDOW_RULE}")

@@ -803,7 +803,10 @@ def _encodable(blocks: tuple[AssistantBlock, ...]) -> tuple[AssistantBlock, ...]
 
 def _encodable_block(block: AssistantBlock) -> AssistantBlock:
     if isinstance(block, ToolCall):
-        fixed, name = _value(block.input), _text(block.name)
+        try:
+            fixed, name = _value(block.input), _text(block.name)
+        except RecursionError:  # nested past any sense: the log refuses it, and the run ends
+            return block
         if fixed != block.input or name != block.name:
             return ToolCall(block.call_id, name, fixed)
     elif isinstance(block, TextBlock | ThinkingBlock):
