@@ -558,3 +558,18 @@ def test_two_delegations_by_a_provider_without_call_ids_get_two_children(
     for result, task in zip(results, tasks, strict=True):  # each result is its own task's
         [child] = [c for c in children if c in result]
         assert _first_input(w.log(child)).splitlines()[0] == task
+
+
+def test_a_child_timed_out_before_its_first_turn_keeps_its_worktree(tmp_path: Path) -> None:
+    """Killed while its first model call ran: its log has only its header, and that session
+    belongs to the worktree, so the worktree stays for the next delegation to find."""
+    w = World(tmp_path)
+    w.child(1, {"text": "thinking", "delay_ms": 60_000})
+    out = w.delegate({"role": "implementer", "task": "slow"}, KISO_SUBAGENT_TIMEOUT_MS="4000")
+    assert out.returncode == 0, out.stderr
+    [result] = w.results()
+    assert "timed out after 4000 ms" in result
+    [child] = w.child_ids()
+    tree = w.home / "worktrees" / child
+    assert "worktree kept (its run has not ended" in result and tree.is_dir(), result
+    assert f"KISO_HOME={w.home} kiso resume {child}" in result  # the hint names the home

@@ -189,3 +189,27 @@ def test_a_timeout_that_is_no_number_is_a_clear_result(
     assert f"KISO_SUBAGENT_TIMEOUT_MS must be a positive number of milliseconds, got {value!r}" in (
         said
     )
+
+
+@pytest.mark.parametrize("text", ["   ", "\u200b", " \n\u200b ", "..."])
+def test_a_task_that_says_nothing_is_refused(tmp_path: Path, text: str) -> None:
+    said, kind = _run({"tasks": [{"role": "explorer", "task": text}]}, tmp_path)
+    assert kind == "invalid_input" and "tasks[0].task must be a non-empty string" in said
+    assert not (Path(os.environ["KISO_HOME"]) / "projects").exists()
+
+
+def test_a_prompt_directory_that_is_not_kisos_own_starts_no_child(tmp_path: Path) -> None:
+    """``$KISO_HOME/subagents`` planted as a link to a directory anyone can write: the prompt is
+    not put there (whoever owns it could swap it before the child reads it)."""
+    home = Path(os.environ["KISO_HOME"])
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "subagents").symlink_to(loose)
+    tool = delegate_tool()
+    ctx = ToolContext(workspace=tmp_path, execution_id="p:1", session_id="p", call_id="c")
+    result = tool.execute({"tasks": [{"role": "explorer", "task": "look"}]}, ctx)
+    content = result.content  # type: ignore[union-attr]
+    assert "is not a directory of this user's" in content and "0 of 1" in content
+    assert list(loose.iterdir()) == []
+    assert not (home / "projects").exists()  # no child was started

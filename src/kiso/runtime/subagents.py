@@ -30,6 +30,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -241,7 +242,7 @@ class _Delegation:
             role, text = item.get("role"), item.get("task")
             if role not in ROLES:
                 return _invalid(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
-            if not isinstance(text, str) or not text.strip():
+            if not isinstance(text, str) or not any(c.isalnum() for c in text):
                 return _invalid(f"{where}.task must be a non-empty string saying what to do")
             scope = item.get("scope", [])
             if not isinstance(scope, list) or not all(isinstance(g, str) for g in scope):
@@ -439,8 +440,12 @@ class _Delegation:
         child whose run ended is removed."""
         changes, dirty = diff
         made = f"{tree}, made from commit {base[:12]}"
-        open_run = _state(store, child) == "open"  # no session at all: nothing to resume
-        resume = f"resume it with: cd {tree} && kiso resume {child}"
+        state = _state(store, child)
+        # open: resume it there; a log with no run yet (killed before its first turn) is found
+        # there too by the next delegation of this call
+        open_run = state == "open" or (state == "new" and _has_log(store, child))
+        home = f"KISO_HOME={shlex.quote(str(self.home))} " if "KISO_HOME" in os.environ else ""
+        resume = f"resume it with: cd {shlex.quote(str(tree))} && {home}kiso resume {child}"
         if dirty:
             why = "it has changes; its run has not ended" if open_run else "it has changes"
             apply = f"apply it with: git -C {tree} diff {base[:12]} | git apply"
@@ -474,7 +479,16 @@ class _Delegation:
         the command line: a task that starts with ``-`` (``--mode=bypass``) would be read as an
         option there. And piped text is sent as it came, so an ``@path`` in the model's task
         text attaches no file (a person's typed prompt does that; docs/attachments.md)."""
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        where = path.parent
+        where.mkdir(mode=0o700, parents=True, exist_ok=True)
+        found = os.lstat(where)
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+            raise KisoError(
+                f"{where} is not a directory of this user's (a link, or someone else's); "
+                f"remove it so kiso can make its own"
+            )
+        if found.st_mode & 0o077:
+            os.chmod(where, 0o700)  # nobody else may swap a prompt in before the child reads it
         path.unlink(missing_ok=True)  # never write through a link someone put there
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(path, flags, 0o600)
@@ -608,6 +622,14 @@ def _state(store: JsonlSessionStore, child: str) -> str:
         return "new"
     ended = {e.run for e in events if isinstance(e, RunEnded)}
     return "ended" if runs[-1] in ended else "open"
+
+
+def _has_log(store: JsonlSessionStore, child: str) -> bool:
+    try:
+        store.load(child)
+    except SessionNotFoundError:
+        return False
+    return True
 
 
 def _summary(store: JsonlSessionStore, child: str) -> tuple[str | None, str, int] | None:
