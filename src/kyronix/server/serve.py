@@ -5,7 +5,8 @@ accepting connections and lets requests in flight finish for up to ``drainTimeou
 then every run still going is recorded interrupted (its hold released) before the process exits.
 
 On SQLite, one server per database: ``serve`` holds an exclusive lock on
-``<home>/server.lock``, so the start sweep (which takes over every run it finds ``running``)
+``<home>/server.lock`` (and on ``<database>.server-lock`` beside a database file kept outside
+the home), so the start sweep (which takes over every run it finds ``running``)
 never touches a live server's runs. On PostgreSQL any number of replicas share the database:
 each registers itself and takes over only the runs of replicas that died
 (:mod:`kyronix.server.cluster`, docs/deploy.md).
@@ -39,15 +40,40 @@ def is_loopback(host: str) -> bool:
 
 
 def _lock(home: Path) -> int:
-    fd = os.open(home / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    return _lock_file(
+        home / "server.lock",
+        f"another kyronix server is already running on {home} (it holds server.lock); stop "
+        f"it first, or give this one its own KYRONIX_HOME",
+    )
+
+
+def _lock_database(url: str, home: Path) -> int | None:
+    """The lock beside a SQLite database file kept outside the home (``--db sqlite:///…``):
+    two servers with two homes must not share one database either. None for the home's own
+    database (``server.lock`` covers it) and for an in-memory one."""
+    from sqlalchemy.engine import make_url
+
+    name = make_url(url).database
+    if not name or name == ":memory:":
+        return None
+    db = Path(name).expanduser().resolve()
+    if db == (home / "kyronix.sqlite3").resolve():
+        return None
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return _lock_file(
+        db.with_name(db.name + ".server-lock"),
+        f"another kyronix server is already running on the database {db}; SQLite takes one "
+        f"server (use PostgreSQL for several: docs/deploy.md)",
+    )
+
+
+def _lock_file(path: Path, busy: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise KyronixUsageError(
-            f"another kyronix server is already running on {home} (it holds server.lock); stop "
-            f"it first, or give this one its own KYRONIX_HOME"
-        ) from None
+        raise KyronixUsageError(busy) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
@@ -84,6 +110,12 @@ def serve(
     ensure_home(config.home)
     sqlite = config.database_url.startswith("sqlite")
     lock = _lock(config.home) if sqlite else None
+    try:
+        db_lock = _lock_database(config.database_url, config.home) if sqlite else None
+    except BaseException:
+        if lock is not None:
+            os.close(lock)
+        raise
     try:
         app = create_app(config)
         state = app.state.kx
@@ -132,3 +164,5 @@ def serve(
     finally:
         if lock is not None:
             os.close(lock)
+        if db_lock is not None:
+            os.close(db_lock)

@@ -267,6 +267,26 @@ def test_a_second_server_on_the_same_home_is_refused(tmp_path: Path) -> None:
         assert "already running" in second.stderr
 
 
+def test_a_second_server_with_another_home_on_the_same_sqlite_file_is_refused(
+    tmp_path: Path,
+) -> None:
+    """One SQLite database takes one server, whichever homes they run from: the lock is beside
+    the database file too, not only in the home."""
+    shared = tmp_path / "data" / "kx.sqlite3"
+    url = f"sqlite:///{shared}"
+    home = tmp_path / "home"
+    bootstrap(home)
+    with ServerProcess(home, {"KYRONIX_DATABASE_URL": url}):
+        second = kyronix("serve", "--port", "0", home=tmp_path / "home2", env={
+            "KYRONIX_DATABASE_URL": url})  # fmt: skip
+        assert second.returncode != 0
+        assert f"already running on the database {shared}" in second.stderr
+        assert "Traceback" not in second.stderr
+    again = tmp_path / "home3"
+    with ServerProcess(again, {"KYRONIX_DATABASE_URL": url}):  # free again once it stopped
+        pass
+
+
 def test_a_non_loopback_host_prints_a_tls_warning(tmp_path: Path) -> None:
     home = tmp_path / "home"
     # 192.0.2.1 (TEST-NET-1) is never this machine's: the bind fails after the warning
