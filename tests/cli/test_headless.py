@@ -133,3 +133,41 @@ def test_a_compactions_summary_is_counted_in_the_results_usage(tmp_path: Path) -
     assert result["turns"] == 7  # model turns; the summary is not one of them
     # the reads reported no counts; the last turn and the summary did
     assert result["usage"]["input"] == 100 + 900 and result["usage"]["output"] == 4 + 30
+
+
+def test_a_prompt_is_on_disk_before_the_model_answers_so_a_kill_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """kill -9 while the first model call runs: the prompt is already in the log, and
+    ``kiso resume`` carries the run on to its answer (ADR 0022)."""
+    import time
+
+    home = tmp_path / "home"
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps({"turns": [{"text": "never", "delay_ms": 120_000}]}))
+    base = {k: v for k, v in os.environ.items() if k not in KEYS and k != "KISO_FAILPOINT"}
+    env = {**base, "KISO_HOME": str(home), "KISO_FAUX_SCRIPT": str(slow)}
+    proc = subprocess.Popen(
+        [str(BIN), "-p", "an important prompt", "k9"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            logs = list(home.glob("projects/*/k9.jsonl"))
+            if logs and '"type":"user"' in logs[0].read_text():
+                break
+            assert proc.poll() is None, "kiso ended before the model answered"
+            assert time.monotonic() < deadline, "the prompt never reached the log"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    answered = script(tmp_path, {"text": "the answer"})
+    out = kiso(tmp_path, "resume", "k9", KISO_HOME=str(home), KISO_FAUX_SCRIPT=answered)
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in logs[0].read_text().splitlines()]
+    assert [r["content"] for r in records if r["type"] == "user"] == ["an important prompt"]
+    assert [r["type"] for r in records].count("run_started") == 1  # the same run, carried on
+    assert records[-1]["type"] == "run_ended" and records[-1]["outcome"]["kind"] == "completed"

@@ -475,7 +475,7 @@ def test_a_timed_out_child_keeps_its_clean_worktree_so_it_can_be_resumed(tmp_pat
     tree = w.home / "worktrees" / child
     assert "timed out after 8000 ms" in result
     assert f"worktree kept (its run has not ended; no changes yet): {tree}" in result
-    assert f"resume it with: cd {tree} && kiso resume {child}" in result
+    assert f"resume it with: cd {tree} && KISO_HOME={w.home} kiso resume {child}" in result
     assert "worktree removed" not in result
     assert (tree / "a.txt").read_text() == "hello\n"
     _wait("the killed shell to be gone", lambda: not alive(int(pid.read_text())), 10.0)

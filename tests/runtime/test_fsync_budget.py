@@ -90,8 +90,9 @@ def run_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rounds: int, to
 def test_a_round_with_effects_costs_two_fsyncs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rounds: int
 ) -> None:
-    # Each round: [turn, verdict, start] then [receipt]; the last turn and run_ended: one more.
-    assert run_counted(tmp_path, monkeypatch, rounds, "effect") == 2 * rounds + 1
+    # [run_started, user] first (the prompt is on disk before the model is asked: ADR 0022);
+    # then each round: [turn, verdict, start] then [receipt]; the last turn and run_ended: one.
+    assert run_counted(tmp_path, monkeypatch, rounds, "effect") == 2 * rounds + 2
 
 
 @pytest.mark.parametrize("tool", ["peek", "put"])
@@ -100,8 +101,9 @@ def test_a_read_only_or_idempotent_round_costs_at_most_one_fsync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rounds: int, tool: str
 ) -> None:
     # The receipt rides in the next turn's batch; batches queued behind a running fsync share one.
+    # Plus the run's start, its own batch (ADR 0022).
     count = run_counted(tmp_path, monkeypatch, rounds, tool)
-    assert 1 <= count <= rounds + 1
+    assert 2 <= count <= rounds + 2
 
 
 def test_every_record_of_a_read_only_run_is_on_disk_when_the_run_ends(

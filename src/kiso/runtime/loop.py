@@ -119,6 +119,11 @@ async def drive(
     session._run = run
     agent = run.agent
     try:
+        if start is not None and vetoed is None and agent.trigger != "api":
+            # A person's (or a parent's) prompt is on disk before the model is asked: a kill in
+            # the first model call leaves an open run that resume carries on, not a lost prompt.
+            # One fsync a run. A server's runs ("api") keep their admission's own durability.
+            await session.committed()
         if vetoed is not None and (opened := session.fold.open_run) is not None:
             yield await _end(run, opened, vetoed)
         while True:
