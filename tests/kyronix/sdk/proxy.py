@@ -168,9 +168,11 @@ class Proxy:
         lines = [f"HTTP/1.1 {action.status} Injected"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         lines += [f"content-length: {len(action.body)}", "connection: close", "", ""]
-        client.sendall("\r\n".join(lines).encode() + action.body)
+        # Recorded before the client can have it: a client that retries at once must find
+        # this response in ``responses`` before its next request's.
         with self._lock:
             self.responses.append(Response(action.status, headers, action.body))
+        client.sendall("\r\n".join(lines).encode() + action.body)
 
     def _relay(self, upstream: _Reader, client: socket.socket, action: Pass | Drop) -> bool:
         """Relay one response; False once the connection is to be closed."""
@@ -182,6 +184,16 @@ class Proxy:
         out = [head]
         budget = action.cut_after if isinstance(action, Pass) else None
         body = b""
+        recorded = False
+
+        def record() -> None:
+            # Called before the response's last bytes go to the client, so ``responses`` holds
+            # it by the time the client could act on it (a retry, the next request).
+            nonlocal recorded
+            if not recorded:
+                recorded = True
+                with self._lock:
+                    self.responses.append(Response(status, headers, body))
 
         def send(data: bytes) -> bool:
             nonlocal budget
@@ -200,6 +212,7 @@ class Proxy:
         going = True
         if "content-length" in headers:
             body = upstream.exactly(int(headers["content-length"])) or b""
+            record()
             going = send(body)
         elif headers.get("transfer-encoding", "").lower() == "chunked":
             while going:
@@ -210,6 +223,7 @@ class Proxy:
                 chunk = (upstream.exactly(size + 2) or b"") if size else b""
                 if not size:
                     chunk = upstream.until(b"\r\n") or b""
+                    record()
                 body += chunk[:-2] if size else b""
                 going = send(size_line + chunk)
                 if not size:
@@ -221,10 +235,9 @@ class Proxy:
                     break
                 body += data
                 going = send(data)
+        record()
         if not isinstance(action, Drop) and out:
             client.sendall(b"".join(out))
-        with self._lock:
-            self.responses.append(Response(status, headers, body))
         return going and not isinstance(action, Drop)
 
     def close(self) -> None:
