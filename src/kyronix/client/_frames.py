@@ -10,14 +10,13 @@ collide), so one table of waiters routes every frame.
 
 from __future__ import annotations
 
-import json
-import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from kyronix import kml as kmllib
+from kyronix import wire
 from kyronix.client._errors import tunnel_error
 from kyronix.errors import (
     AuthenticationError,
@@ -27,19 +26,14 @@ from kyronix.errors import (
 )
 
 __all__ = [
-    "AUTH_CLOSE",
     "GRACE",
-    "MAX_TIMEOUT",
-    "RULINGS",
     "Answer",
     "OnProgress",
-    "auth_frame",
     "classify",
     "close_error",
-    "decode",
     "kml_request",
     "new_request_id",
-    "pong_for",
+    "prepare_kml",
     "resolve_frame",
     "waiter_key",
 ]
@@ -47,14 +41,8 @@ __all__ = [
 OnProgress: TypeAlias = Callable[[dict[str, Any]], object]
 """Called with each ``kml_progress`` frame of a request (a coroutine function is awaited)."""
 
-AUTH_CLOSE = 4401
-"""The close code of a connection whose authentication failed."""
-MAX_TIMEOUT = 3600.0
-"""The longest ``timeout`` a ``kml_request`` may ask for."""
 GRACE = 2.0
 """Seconds the client waits past a request's timeout for the server's own ``timeout`` error."""
-RULINGS = ("rerun", "skipped", "applied")
-_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 def new_request_id(prefix: str = "req") -> str:
@@ -62,11 +50,24 @@ def new_request_id(prefix: str = "req") -> str:
 
 
 def _name(what: str, value: object) -> str:
+    """A request id or a tool execution id (:data:`kyronix.wire.REQUEST_ID`)."""
     if not isinstance(value, str):
         raise KyronixTypeError(f"{what} must be a string, not {type(value).__name__}")
-    if not _ID.fullmatch(value):
+    if not wire.valid_id(value):
         raise KyronixUsageError(
             f"{what} must be 1-128 of letters, digits and _.:- (as docs/tunnel.md says), "
+            f"not {value!r}"
+        )
+    return value
+
+
+def _executer(value: object) -> str:
+    """An executer id (:data:`kyronix.wire.EXECUTER_ID`)."""
+    if not isinstance(value, str):
+        raise KyronixTypeError(f"executer_id must be a string, not {type(value).__name__}")
+    if not wire.valid_executer_id(value):
+        raise KyronixUsageError(
+            f"executer_id must be 1-64 of letters, digits and _.- (as docs/tunnel.md says), "
             f"not {value!r}"
         )
     return value
@@ -92,64 +93,35 @@ def kml_request(
     executer_id: object = None,
     session_id: object = None,
 ) -> dict[str, Any]:
-    if timeout > MAX_TIMEOUT:
+    if timeout > wire.MAX_TIMEOUT_S:
         raise KyronixUsageError(
-            f"a tunnel request may wait at most {MAX_TIMEOUT:g} s, not timeout={timeout:g}"
+            f"a tunnel request may wait at most {wire.MAX_TIMEOUT_S:g} s, not timeout={timeout:g}"
         )
-    frame: dict[str, Any] = {
-        "type": "kml_request",
-        "executionId": new_request_id(),
-        "kmlResponse": kml,
-        "timeout": timeout,
-    }
-    if executer_id is not None:
-        frame["executerId"] = _name("executer_id", executer_id)
+    executer = _executer(executer_id) if executer_id is not None else None
+    session: str | None = None
     if session_id is not None:
-        if not isinstance(session_id, str) or not session_id:
+        if not isinstance(session_id, str) or not wire.valid_id(session_id):
             raise KyronixUsageError("session_id must be a session's id (sess_…)")
-        frame["sessionId"] = session_id
-    return frame
+        session = session_id
+    return wire.kml_request(
+        new_request_id(), kml, executer_id=executer, timeout=timeout, session_id=session
+    )
 
 
 def resolve_frame(
     execution_id: object, resolution: object, *, executer_id: object = None
 ) -> dict[str, Any]:
-    if resolution not in RULINGS:
+    if not isinstance(resolution, str) or resolution not in wire.RULINGS:
         raise KyronixUsageError(
-            f"resolution must be one of {', '.join(RULINGS)} (rerun: run it again; skipped: "
-            f"never run it; applied: it did happen), not {resolution!r}"
+            f"resolution must be one of {', '.join(wire.RULINGS)} (rerun: run it again; "
+            f"skipped: never run it; applied: it did happen), not {resolution!r}"
         )
-    frame: dict[str, Any] = {
-        "type": "resolve",
-        "executionId": _name("execution_id", execution_id),
-        "resolution": resolution,
-        "requestId": new_request_id("res"),
-    }
-    if executer_id is not None:
-        frame["executerId"] = _name("executer_id", executer_id)
-    return frame
-
-
-def auth_frame(api_key: str) -> dict[str, Any]:
-    return {"type": "auth", "apiKey": api_key, "role": "runtime"}
-
-
-def decode(message: str | bytes) -> dict[str, Any] | None:
-    """A frame as a dict, or None when it is not a JSON object with a string ``type``."""
-    try:
-        frame = json.loads(message)
-    except ValueError:
-        return None
-    if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
-        return None
-    return frame
-
-
-def pong_for(frame: Mapping[str, Any]) -> dict[str, Any]:
-    pong: dict[str, Any] = {"type": "pong"}
-    if "ts" in frame:
-        pong["ts"] = frame["ts"]
-    return pong
+    return wire.resolve(
+        _name("execution_id", execution_id),
+        resolution,
+        new_request_id("res"),
+        executer_id=_executer(executer_id) if executer_id is not None else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -165,33 +137,36 @@ def waiter_key(frame: Mapping[str, Any]) -> str:
     return str(frame["requestId"] if frame["type"] == "resolve" else frame["executionId"])
 
 
-def classify(frame: Mapping[str, Any]) -> tuple[list[str], Answer] | None:
+def classify(frame: wire.Frame | wire.BadFrame) -> tuple[list[str], Answer] | None:
     """(the ids of the waiters it may be for, best first; what that waiter gets) for a frame
-    that answers a call; None for the others (``ready``, ``pong``, unknown types)."""
-    keys = [
-        value
-        for value in (frame.get("requestId"), frame.get("executionId"))
-        if isinstance(value, str)
-    ]
-    kind = frame["type"]
-    if kind == "kml_result":
-        problem = frame.get("error")
-        if isinstance(problem, Mapping):  # the executer could not run it: nothing ran
-            return keys, Answer("error", tunnel_error({**frame, **problem, "type": "error"}))
-        results = frame.get("results")
-        return keys, Answer("result", list(results) if isinstance(results, list) else [])
-    if kind == "resolved":
-        return keys, Answer("result", dict(frame))
-    if kind == "kml_progress":
-        return keys, Answer("progress", dict(frame))
-    if kind == "error":
-        return keys, Answer("error", tunnel_error(frame))
+    that answers a call (parsed by :func:`kyronix.wire.parse`); None for the others
+    (``ready``, ``pong``, a :class:`~kyronix.wire.BadFrame`...).
+
+    A waiter gets the entries of a ``kml_result``, the ``kml_progress`` or ``resolved`` frame
+    as the document shapes it (:func:`kyronix.wire.as_dict`), or the exception an ``error``
+    frame (or a ``kml_result`` with ``error``) means."""
+    if isinstance(frame, wire.KmlResult):
+        if frame.error is not None:  # the executer could not run it: nothing ran
+            problem = {**wire.as_dict(frame), **frame.error, "type": "error"}
+            return [frame.request_id], Answer("error", tunnel_error(problem))
+        return [frame.request_id], Answer("result", list(frame.results))
+    if isinstance(frame, wire.KmlProgress):
+        return [frame.request_id], Answer("progress", wire.as_dict(frame))
+    if isinstance(frame, wire.Resolved):
+        return _ids(frame), Answer("result", wire.as_dict(frame))
+    if isinstance(frame, wire.ErrorFrame):
+        return _ids(frame), Answer("error", tunnel_error(wire.as_dict(frame)))
     return None
+
+
+def _ids(frame: wire.Resolved | wire.ErrorFrame) -> list[str]:
+    """A resolve's own ``requestId`` first, then the ``executionId`` (a request's, a tool's)."""
+    return [k for k in (frame.request_id, frame.execution_id) if k is not None]
 
 
 def close_error(code: int | None, reason: str) -> KyronixError | None:
     """The error a close means (authentication refused), or None: connect again."""
-    if code == AUTH_CLOSE:
+    if code == wire.CLOSE_UNAUTHORIZED:
         return AuthenticationError(
             f"the tunnel refused the API key: {reason or 'unauthorized'}; check "
             f"KYRONIX_API_KEY (a revoked or unknown key, or one of another server)",

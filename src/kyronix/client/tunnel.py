@@ -40,16 +40,14 @@ from websockets.exceptions import (
 from websockets.sync.client import ClientConnection as SyncConnection
 from websockets.sync.client import connect
 
+from kyronix import wire
 from kyronix.client._base import ClientConfig, ws_url
 from kyronix.client._frames import (
     GRACE,
     Answer,
     OnProgress,
-    auth_frame,
     classify,
     close_error,
-    decode,
-    pong_for,
     waiter_key,
 )
 from kyronix.client._retry import backoff
@@ -149,13 +147,15 @@ class _Base:
             raise KyronixUsageError(f"a call for {key!r} is already waiting on this tunnel")
         self._waiters[key] = waiter
 
-    def _dispatch(self, message: str | bytes, generation: int) -> dict[str, Any] | None:
-        """Route one received frame to its waiter; a ``ping`` is returned (to be answered)."""
-        frame = decode(message)
-        if frame is None:
+    def _dispatch(self, message: str | bytes, generation: int) -> wire.Ping | None:
+        """Route one received frame to its waiter; a ``ping`` is returned (to be answered).
+        A frame that is not what docs/tunnel.md says (not JSON, nested too deep, a binary
+        frame...) is a :class:`~kyronix.wire.BadFrame`: ignored, the connection lives on."""
+        frame = wire.parse(message)
+        if isinstance(frame, wire.BadFrame):
             return None
         self._reconnects = 0
-        if frame["type"] == "ping":
+        if isinstance(frame, wire.Ping):
             return frame
         routed = classify(frame)
         if routed is not None:
@@ -297,7 +297,7 @@ class SyncTunnel(_Base):
         try:
             if given is not None:
                 if not _has_auth_header(given):
-                    given.send(json.dumps(auth_frame(self._config.api_key)))
+                    given.send(json.dumps(wire.auth(self._config.api_key)))
                     self._await_ready(given, remaining)
                 return given
             conn = connect(
@@ -313,8 +313,7 @@ class SyncTunnel(_Base):
     def _await_ready(self, conn: SyncConnection, remaining: float) -> None:
         try:
             while True:
-                frame = decode(conn.recv(timeout=max(remaining, 0.01)))
-                if frame is not None and frame["type"] == "ready":
+                if isinstance(wire.parse(conn.recv(timeout=max(remaining, 0.01))), wire.Ready):
                     return
         except ConnectionClosed:
             error = close_error(conn.close_code, conn.close_reason or "")
@@ -330,7 +329,7 @@ class SyncTunnel(_Base):
             for message in conn:
                 ping = self._dispatch(message, generation)
                 if ping is not None:
-                    conn.send(json.dumps(pong_for(ping)))
+                    conn.send(json.dumps(wire.pong(ping.ts)))
         except ConnectionClosed:
             pass
         finally:
@@ -462,7 +461,7 @@ class AsyncTunnel(_Base):
         try:
             if given is not None:
                 if not _has_auth_header(given):
-                    await given.send(json.dumps(auth_frame(self._config.api_key)))
+                    await given.send(json.dumps(wire.auth(self._config.api_key)))
                     await self._await_ready(given, remaining)
                 return given
             conn = await aconnect(
@@ -479,8 +478,7 @@ class AsyncTunnel(_Base):
         try:
             async with asyncio.timeout(max(remaining, 0.01)):
                 while True:
-                    frame = decode(await conn.recv())
-                    if frame is not None and frame["type"] == "ready":
+                    if isinstance(wire.parse(await conn.recv()), wire.Ready):
                         return
         except ConnectionClosed:
             error = close_error(conn.close_code, conn.close_reason or "")
@@ -496,7 +494,7 @@ class AsyncTunnel(_Base):
             async for message in conn:
                 ping = self._dispatch(message, generation)
                 if ping is not None:
-                    await conn.send(json.dumps(pong_for(ping)))
+                    await conn.send(json.dumps(wire.pong(ping.ts)))
         except ConnectionClosed:
             pass
         finally:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from kyronix import wire
 from kyronix.errors import (
     ExecutionRunningError,
     KmlError,
@@ -83,10 +84,10 @@ __all__ = [
 
 log = logging.getLogger("kyronix.executer.daemon")
 
-CLOSE_REFUSED = 4401
-"""The server's close code for a missing, unknown or revoked key."""
-CLOSE_REPLACED = 4000
-"""The server's close code for a connection another executer of the same id replaced."""
+CLOSE_REFUSED = wire.CLOSE_UNAUTHORIZED
+"""The server's close code for a missing, unknown or revoked key (4401)."""
+CLOSE_REPLACED = wire.CLOSE_REPLACED
+"""The server's close code for a connection another executer of the same id replaced (4000)."""
 
 HEARTBEAT_S = 15.0
 SILENCE_S = 45.0

@@ -1,14 +1,16 @@
-"""The executer's side of the tunnel's wire format (docs/tunnel.md), with no I/O at all.
+"""The executer's side of the tunnel (docs/tunnel.md), with no I/O at all.
 
-Everything the daemon (:mod:`kyronix.executer.daemon`) decides about a frame is here, pure and
-testable on its own:
+The wire format itself (ids, codes, the typed frames, the parser and the builders) is
+:mod:`kyronix.wire`, shared with the server and the SDK; this module is what the daemon
+(:mod:`kyronix.executer.daemon`) adds to it, pure and testable on its own:
 
-- :func:`parse_frame` turns one text frame from the server into a typed value (:class:`Ready`,
-  :class:`KmlRequest`, :class:`Resolve`, :class:`Ping`, :class:`Pong`, :class:`ServerError`,
-  :class:`OtherFrame`) or a :class:`BadFrame` that says what was wrong with it;
-- the builders (:func:`kml_result`, :func:`kml_progress`, :func:`resolved`, :func:`error`,
-  :func:`ping`, :func:`pong`) make the frames the executer sends, exactly as the table in
-  docs/tunnel.md shapes them;
+- :func:`parse_frame` is :func:`kyronix.wire.parse` as the executer reads it: a frame that flows
+  the other way (``auth``, ``kml_result``, ``kml_progress``, ``resolved``) becomes an
+  :class:`OtherFrame`; the others are wire's typed values (:class:`Ready`, :class:`KmlRequest`,
+  :class:`Resolve`, :class:`Ping`, :class:`Pong`, :class:`ServerError`) or a :class:`BadFrame`
+  that says what was wrong;
+- the builders the executer sends with (:func:`kml_result`, :func:`kml_progress`,
+  :func:`resolved`, :func:`error`, :func:`ping`, :func:`pong`, :func:`encode`) are wire's;
 - :func:`executer_url` adds ``role=executer`` and ``executerId`` to the server's ``/ws`` URL;
 - :class:`Backoff` is the reconnect schedule: exponential from 0.5 s, capped at 30 s, with
   jitter, reset after a stable connection.
@@ -16,16 +18,30 @@ testable on its own:
 
 from __future__ import annotations
 
-import json
 import random
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from kyronix import wire
 from kyronix.errors import KyronixUsageError
-from kyronix.executer.results import EntryDict
+from kyronix.wire import (
+    BadFrame,
+    KmlRequest,
+    Ping,
+    Pong,
+    ProgressEvent,
+    Ready,
+    Resolve,
+    ResultError,
+    encode,
+    error,
+    kml_progress,
+    kml_result,
+    ping,
+    pong,
+    resolved,
+    valid_id,
+)
 
 __all__ = [
     "EXECUTER_ID_PATTERN",
@@ -58,78 +74,16 @@ __all__ = [
     "valid_id",
 ]
 
-ID_PATTERN = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
-"""A request id (docs/tunnel.md: 1-128 of ``[A-Za-z0-9_.:-]``)."""
-
-EXECUTER_ID_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-"""An executer id, as the server accepts it: 1-64 of ``[A-Za-z0-9_.-]``."""
-
-RESULT_ERROR_CODES = ("bad_kml", "bad_frame")
-"""Why a ``kml_result`` carries ``error`` (and no results): the KML could not be parsed, or the
-request frame had an id but no usable ``kmlResponse``. Nothing ran either way."""
-
-RESOLVE_ERROR_CODES = ("not_uncertain", "unknown_execution", "running", "bad_ruling")
-"""The codes of the ``error`` frame an executer answers a ``resolve`` it cannot apply with."""
-
-RULINGS = ("rerun", "skipped", "applied")
-
-ProgressEvent = Literal["tool_started", "tool_finished", "output"]
-
-
-def valid_id(value: object) -> bool:
-    """Whether ``value`` is an id the protocol allows (a request id, an executer id)."""
-    return isinstance(value, str) and ID_PATTERN.fullmatch(value) is not None
+ID_PATTERN = wire.REQUEST_ID
+EXECUTER_ID_PATTERN = wire.EXECUTER_ID
+RESULT_ERROR_CODES = wire.RESULT_ERROR_CODES
+RESOLVE_ERROR_CODES = wire.RESOLVE_ERROR_CODES
+RULINGS = wire.RULINGS
+ServerError = wire.ErrorFrame
+"""An ``error`` frame from the server (``bad_frame``, ``forbidden``, ...)."""
 
 
 # -- frames from the server ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Ready:
-    """``ready``: the server accepted the key; the executer serves ``project_id``."""
-
-    role: str
-    project_id: str
-    executer_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class KmlRequest:
-    """``kml_request``: run ``kml`` (the document's ``kmlResponse``) and answer ``request_id``."""
-
-    request_id: str
-    kml: str
-
-
-@dataclass(frozen=True, slots=True)
-class Resolve:
-    """``resolve``: a ruling on a *tool*'s uncertain execution."""
-
-    execution_id: str
-    resolution: str
-    """As sent; the daemon checks it (``bad_ruling``), so the answer can echo what came."""
-    request_id: str | None = None
-    base_path: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    ts: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class Pong:
-    ts: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class ServerError:
-    """An ``error`` frame from the server (``bad_frame``, ``forbidden``, ...)."""
-
-    code: str
-    message: str
-    execution_id: str | None = None
-    request_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,168 +94,24 @@ class OtherFrame:
     type: str
 
 
-@dataclass(frozen=True, slots=True)
-class BadFrame:
-    """A frame the executer cannot use. ``request_id`` is set when it was a ``kml_request``
-    with a valid id (so it can still be answered: ``kml_result`` with ``error.code``
-    ``bad_frame``)."""
-
-    reason: str
-    request_id: str | None = None
-
-
 Frame = Ready | KmlRequest | Resolve | Ping | Pong | ServerError | OtherFrame | BadFrame
 
-_KNOWN = frozenset(
-    {"auth", "kml_result", "kml_progress", "resolved"}  # frames that flow the other way
-)
+_OTHER_WAY: dict[type, str] = {  # frames that flow the other way
+    wire.Auth: "auth",
+    wire.KmlResult: "kml_result",
+    wire.KmlProgress: "kml_progress",
+    wire.Resolved: "resolved",
+}
 
 
 def parse_frame(text: str | bytes) -> Frame:
-    """One frame from the server, typed; never raises (what is wrong is a :class:`BadFrame`)."""
-    if isinstance(text, bytes):
-        return BadFrame("a binary frame; every tunnel frame is JSON text")
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        return BadFrame(f"not JSON ({exc})")
-    if not isinstance(data, dict):
-        return BadFrame(f"a JSON {type(data).__name__}, not an object")
-    kind = data.get("type")
-    if not isinstance(kind, str):
-        return BadFrame("no string 'type'")
-    if kind == "ready":
-        role, project = data.get("role"), data.get("projectId")
-        executer = data.get("executerId")
-        if not isinstance(role, str) or not isinstance(project, str):
-            return BadFrame("a ready frame without string 'role' and 'projectId'")
-        return Ready(role, project, executer if isinstance(executer, str) else None)
-    if kind == "kml_request":
-        rid = data.get("executionId")
-        if not valid_id(rid):
-            return BadFrame(
-                f"a kml_request whose executionId is not 1-128 of [A-Za-z0-9_.:-]: {rid!r:.80}"
-            )
-        assert isinstance(rid, str)
-        body = data.get("kmlResponse")
-        if not isinstance(body, str):
-            return BadFrame("a kml_request without a string 'kmlResponse'", request_id=rid)
-        return KmlRequest(rid, body)
-    if kind == "resolve":
-        eid, how = data.get("executionId"), data.get("resolution")
-        rid, base = data.get("requestId"), data.get("basePath")
-        if not isinstance(eid, str) or not eid:
-            return BadFrame("a resolve frame without a string 'executionId'")
-        if not isinstance(how, str):
-            return BadFrame("a resolve frame without a string 'resolution'")
-        if rid is not None and not isinstance(rid, str):
-            return BadFrame("a resolve frame whose 'requestId' is not a string")
-        if base is not None and not isinstance(base, str):
-            return BadFrame("a resolve frame whose 'basePath' is not a string")
-        return Resolve(eid, how, rid, base)
-    if kind == "ping":
-        return Ping(data.get("ts"))
-    if kind == "pong":
-        return Pong(data.get("ts"))
-    if kind == "error":
-        code, message = data.get("code"), data.get("message")
-        eid, rid = data.get("executionId"), data.get("requestId")
-        return ServerError(
-            code if isinstance(code, str) else "?",
-            message if isinstance(message, str) else "",
-            eid if isinstance(eid, str) else None,
-            rid if isinstance(rid, str) else None,
-        )
-    if kind in _KNOWN:
-        return OtherFrame(kind)
-    return BadFrame(f"an unknown frame type {kind!r:.40}")
-
-
-# -- frames the executer sends ---------------------------------------------------------------------
-
-
-class ResultError(TypedDict):
-    """``kml_result.error``: why there are no results (``bad_kml``, ``bad_frame``)."""
-
-    code: str
-    message: str
-
-
-def kml_result(
-    request_id: str, results: Sequence[EntryDict], error: ResultError | None = None
-) -> dict[str, Any]:
-    """``{"type": "kml_result", "executionId", "results", "error"?}``, the document's frame."""
-    frame: dict[str, Any] = {
-        "type": "kml_result",
-        "executionId": request_id,
-        "results": list(results),
-    }
-    if error is not None:
-        frame["error"] = {"code": error["code"], "message": error["message"]}
+    """One frame from the server, typed; never raises (what is wrong is a :class:`BadFrame`;
+    a ``kml_request`` with a valid id keeps it in ``request_id``, so it can still be answered:
+    ``kml_result`` with ``error.code`` ``bad_frame``)."""
+    frame = wire.parse(text)
+    if isinstance(frame, wire.Auth | wire.KmlResult | wire.KmlProgress | wire.Resolved):
+        return OtherFrame(_OTHER_WAY[type(frame)])
     return frame
-
-
-def kml_progress(
-    request_id: str,
-    event: ProgressEvent,
-    tool: str,
-    tool_execution_id: str,
-    *,
-    success: bool | None = None,
-    chunk: str | None = None,
-) -> dict[str, Any]:
-    """``kml_progress``: ``success`` only for ``tool_finished``, ``chunk`` only for ``output``."""
-    frame: dict[str, Any] = {
-        "type": "kml_progress",
-        "executionId": request_id,
-        "event": event,
-        "tool": tool,
-        "toolExecutionId": tool_execution_id,
-    }
-    if event == "tool_finished" and success is not None:
-        frame["success"] = success
-    if event == "output" and chunk is not None:
-        frame["chunk"] = chunk
-    return frame
-
-
-def resolved(execution_id: str, resolution: str, request_id: str | None) -> dict[str, Any]:
-    frame: dict[str, Any] = {
-        "type": "resolved",
-        "executionId": execution_id,
-        "resolution": resolution,
-    }
-    if request_id is not None:
-        frame["requestId"] = request_id
-    return frame
-
-
-def error(
-    code: str,
-    message: str,
-    *,
-    execution_id: str | None = None,
-    request_id: str | None = None,
-) -> dict[str, Any]:
-    frame: dict[str, Any] = {"type": "error", "code": code, "message": message}
-    if execution_id is not None:
-        frame["executionId"] = execution_id
-    if request_id is not None:
-        frame["requestId"] = request_id
-    return frame
-
-
-def ping() -> dict[str, Any]:
-    return {"type": "ping"}
-
-
-def pong(ts: Any = None) -> dict[str, Any]:
-    return {"type": "pong"} if ts is None else {"type": "pong", "ts": ts}
-
-
-def encode(frame: dict[str, Any]) -> str:
-    """One frame as the JSON text that goes on the wire."""
-    return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
 
 
 # -- the URL ----------------------------------------------------------------------------------
@@ -319,7 +129,7 @@ def executer_url(ws_url: str, executer_id: str) -> str:
             f"ws_url must be a ws:// or wss:// URL with a host, such as "
             f"ws://localhost:8080/ws; got {ws_url!r}"
         )
-    if not isinstance(executer_id, str) or not EXECUTER_ID_PATTERN.fullmatch(executer_id):
+    if not wire.valid_executer_id(executer_id):
         raise KyronixUsageError(
             f"an executer id is 1 to 64 letters, digits, '_', '.' or '-'; got {executer_id!r}"
         )

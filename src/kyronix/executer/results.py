@@ -6,61 +6,26 @@ receipts and sent in a ``kml_result`` frame::
     {"tool": "write_file",
      "args": {"path": "/full/path/test.txt", "content": "hello"},
      "result": {"success": true, "output": "...", "executionId": "exec_xyz789", "ms": 2,
-                ...the optional keys below, only when they apply}}
+                ...the optional keys of ResultDict, only when they apply}}
 
 Inside the executer an entry is a :class:`ResultEntry` holding a :class:`ToolResult`: frozen
 values, built in one place, so no code path can forget a key or spell one differently. They
 become the dict at the edge (:meth:`ResultEntry.to_dict`); a stored or received dict comes back
 through :meth:`ResultEntry.from_dict`, which checks the shape. :class:`EntryDict` and
-:class:`ResultDict` type the dicts for callers.
+:class:`ResultDict` type the dicts for callers; they are the wire format's
+(:mod:`kyronix.wire`), re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Required, TypedDict
+from typing import Any, Literal
 
 from kyronix.errors import KyronixUsageError
+from kyronix.wire import EntryDict, ResultDict
 
 __all__ = ["EntryDict", "ResultDict", "ResultEntry", "ToolResult"]
-
-
-class ResultDict(TypedDict, total=False):
-    """The ``result`` of an entry, as the document shapes it (camelCase keys)."""
-
-    success: Required[bool]
-    output: Required[str]
-    executionId: Required[str]
-    ms: Required[int]
-    error: str
-    """What went wrong and what to do (a refusal starts with ``SecurityError:``)."""
-    errorType: str
-    data: dict[str, Any]
-    """Structured output: entries, status, an exit code..."""
-    truncated: bool
-    """The output was capped (by the tool, or when the receipt was stored)."""
-    uncertain: bool
-    """Started and never finished, and no process holds it any more: not run again."""
-    running: bool
-    """Started, and a live process still runs it (``pid``): not run again, not ruled on yet."""
-    pid: int
-    """With ``running``: the process that runs it."""
-    skipped: bool
-    """Not run: an earlier tool stopped the envelope."""
-    resolved: Literal["skipped", "applied"]
-    """A person's ruling, replayed."""
-    stored: dict[str, dict[str, Any]]
-    """Replayed from a receipt whose texts were cut to the store's cap: for each cut field
-    (``output``, ``error``, ``data.body``...), its full ``length`` and its ``sha256``."""
-
-
-class EntryDict(TypedDict):
-    """One entry of ``execute()``'s list: ``{tool, args, result}``."""
-
-    tool: str
-    args: dict[str, Any]
-    result: ResultDict
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kyronix import kml
+from kyronix import kml, wire
 from kyronix.client import _base
 from kyronix.client._base import ClientConfig, ws_url
 from kyronix.client._errors import STATUS_OF_CODE, api_error, tunnel_error
@@ -413,16 +413,27 @@ def test_the_runtime_frames_are_docs_tunnel_md() -> None:
         resolve_frame("exec_1", "undo")
 
 
+def received(frame: dict[str, Any]) -> wire.Frame | wire.BadFrame:
+    """``frame`` as the tunnel's reader gets it: text off the wire, parsed by kyronix.wire."""
+    return wire.parse(json.dumps(frame))
+
+
 def test_answers_are_routed_by_request_id_first() -> None:
-    routed = classify({"type": "resolved", "executionId": "exec_1", "requestId": "res_1"})
+    routed = classify(
+        received({"type": "resolved", "executionId": "exec_1", "resolution": "rerun",
+                  "requestId": "res_1"})
+    )  # fmt: skip
     assert routed is not None and routed[0] == ["res_1", "exec_1"]
     assert routed[1].kind == "result"
-    progress = classify({"type": "kml_progress", "executionId": "req_1", "event": "output"})
+    progress = classify(
+        received({"type": "kml_progress", "executionId": "req_1", "event": "output",
+                  "tool": "terminal", "toolExecutionId": "exec_1", "chunk": "hi"})
+    )  # fmt: skip
     assert progress is not None and progress[1].kind == "progress"
     failed = classify(
-        {"type": "kml_result", "executionId": "req_1", "results": [],
-         "error": {"code": "bad_kml", "message": "no tools"}}
+        received({"type": "kml_result", "executionId": "req_1", "results": [],
+                  "error": {"code": "bad_kml", "message": "no tools"}})
     )  # fmt: skip
     assert failed is not None and isinstance(failed[1].value, TunnelError)
     assert failed[1].value.code == "bad_kml"
-    assert classify({"type": "ready", "role": "runtime"}) is None
+    assert classify(received({"type": "ready", "role": "runtime", "projectId": "p"})) is None
