@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from importlib import import_module
 
+from kiso._version import __version__
+
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing would cost startup time
 if TYPE_CHECKING:
     from kiso.kernel import JsonlSessionStore, KisoError, MemorySessionStore
     from kiso.providers.faux import FauxAdapter
     from kiso.runtime import Agent, Session
     from kiso.tools.base import Tool, ToolContext, ToolResult, define_tool
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "Agent": "kiso.runtime",

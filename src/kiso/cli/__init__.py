@@ -11,7 +11,7 @@ __all__ = ["main"]
 def main() -> None:
     args = sys.argv[1:]
     if args in (["--version"], ["-v"]):
-        from kiso import __version__
+        from kiso._version import __version__
 
         sys.stdout.write(f"kiso, version {__version__}\n")
         return

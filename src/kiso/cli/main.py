@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from kiso import __version__
+from kiso._version import __version__
 
 if TYPE_CHECKING:
     from kiso.cli.print_mode import PromptInput

@@ -23,7 +23,7 @@ import sysconfig
 from importlib import metadata
 from pathlib import Path
 
-from kiso import __version__
+from kiso._version import __version__
 from kiso.runtime.release import DIST, CannotUpdate, Installation, plan_update
 
 __all__ = ["installation", "installed_version", "update_command"]

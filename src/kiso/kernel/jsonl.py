@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, cast
 
-from kiso import __version__
+from kiso._version import __version__
 from kiso.kernel._fast import gc_paused
 from kiso.kernel.errors import (
     AppendError,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from kiso import __version__
+from kiso._version import __version__
 from kiso.kernel.errors import SessionExistsError, SessionLockedError, SessionNotFoundError
 from kiso.kernel.events import Event, SessionHeader
 from kiso.kernel.ids import check_session_id, new_id

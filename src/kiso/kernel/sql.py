@@ -67,7 +67,7 @@ from sqlalchemy import bindparam, delete, exists, func, insert, select, update
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
-from kiso import __version__
+from kiso._version import __version__
 from kiso.kernel.errors import (
     AppendError,
     CorruptLogError,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TypeAlias
 from urllib.parse import unquote, urlsplit
 
-from kiso import __version__
+from kiso._version import __version__
 
 __all__ = [
     "CHECK_EVERY",
