@@ -199,8 +199,12 @@ class AsyncKyronix:
         session_id: str | None = None,
         custom_agent_id: str | None = None,
     ) -> AsyncTextStream | RunResponse | None:
-        """Run a built-in agent, streaming its KML. With a callback: to the end, the result
-        (None after ``on_error``); without: an :class:`AsyncTextStream` (``async for``)."""
+        """Run a built-in agent, streaming its KML (``POST /api/agents/{agent}/stream``).
+
+        With a callback: runs to the end and returns the result (None after ``on_error``).
+        Without: returns the stream of text chunks (:class:`AsyncTextStream`); its ``result`` is
+        set at the end.
+        """
         try:
             call = _base.run_call(
                 self._config, agent=agent, input=input, project_id=project_id,
@@ -290,7 +294,7 @@ class AsyncKyronix:
     def session(
         self, session_id: str, agent: str = "coding", custom_agent_id: str | None = None
     ) -> AsyncSession:
-        """An :class:`AsyncSession` for an existing session id (no request is sent)."""
+        """The :class:`AsyncSession` of an existing session id (no request is sent)."""
         return AsyncSession(self, session_id, agent, custom_agent_id, None)
 
     # ------------------------------------------------------------------ tunnel
@@ -361,6 +365,7 @@ class AsyncKyronix:
 
 
 async def _failed(exc: KyronixError, on_error: OnError | None) -> RunResponse | None:
+    """A stream that failed: to ``on_error`` when there is one, else raised."""
     if on_error is None:
         raise exc
     await _call_back(on_error, exc)
@@ -370,12 +375,16 @@ async def _failed(exc: KyronixError, on_error: OnError | None) -> RunResponse | 
 class AsyncTextStream(AsyncIterator[str]):
     """:class:`kyronix.client.TextStream` for asyncio: ``async for chunk in stream``."""
 
-    def __init__(self, client: AsyncKyronix, call: Call, response: httpx2.Response) -> None:
-        """Use :meth:`open` (it sends the request); ``response`` is its opened reply."""
+    def __init__(
+        self, client: AsyncKyronix, call: Call, response: httpx2.Response, retrier: Retrier
+    ) -> None:
+        """Use :meth:`open` (it sends the request); ``response`` is its opened reply, and
+        ``retrier`` the retries it took (reconnects draw on the same budget, as in the sync
+        stream)."""
         self._client = client
         self._call = call
         self._state = RunStream()
-        self._retrier = Retrier(client._config.max_retries)
+        self._retrier = retrier
         self._response = response
         self._chunks = self._read()
         self.result: RunResponse | None = None
@@ -383,33 +392,26 @@ class AsyncTextStream(AsyncIterator[str]):
     @classmethod
     async def open(cls, client: AsyncKyronix, call: Call) -> AsyncTextStream:
         """Send the request (its errors raise here) and return the stream of its events."""
-        stream = cls(
-            client, call, await client._open(call, Retrier(client._config.max_retries), stream=True)
-        )
+        retrier = Retrier(client._config.max_retries)
+        stream = cls(client, call, await client._open(call, retrier, stream=True), retrier)
         await stream._check(stream._response)
         return stream
 
-    async def _check(self, response: httpx2.Response) -> httpx2.Response:
-        try:
-            self._state.opened(response.headers)
-        except KyronixError:
-            await response.aclose()
-            raise
-        return response
-
     @property
     def run_id(self) -> str | None:
+        """The run's id (``X-Run-Id``): ``GET /api/runs/{id}`` returns its result."""
         return self._state.run_id
 
     @property
     def attempt(self) -> int:
+        """0, or the number of the model's corrected answer the chunks now belong to."""
         return self._state.attempt
 
     def __aiter__(self) -> AsyncTextStream:
         return self
 
     async def __anext__(self) -> str:
-        return await self._chunks.__anext__()
+        return await anext(self._chunks)
 
     async def _read(self) -> AsyncGenerator[str, None]:
         try:
@@ -439,6 +441,7 @@ class AsyncTextStream(AsyncIterator[str]):
             await self._response.aclose()
 
     async def _resume(self, failure: Exception | None) -> None:
+        """The stream ended before its last event: wait, then reconnect after its last id."""
         delay = self._retrier.after_connection_error(reached=True, idempotent=True)
         if delay is None:
             raise APIConnectionError(
@@ -446,10 +449,21 @@ class AsyncTextStream(AsyncIterator[str]):
                 f"GET /api/runs/{{id}} has its result"
             ) from failure
         await asyncio.sleep(delay)
-        call = self._call.resumed(self._state.run_id, self._state.resume_from())
-        self._response = await self._check(
-            await self._client._open(call, self._retrier, stream=True)
+        self._response = await self._opened(
+            self._call.resumed(self._state.run_id, self._state.resume_from())
         )
+
+    async def _opened(self, call: Call) -> httpx2.Response:
+        return await self._check(await self._client._open(call, self._retrier, stream=True))
+
+    async def _check(self, response: httpx2.Response) -> httpx2.Response:
+        """``response`` if it is the run's event stream; else it is closed and the error raised."""
+        try:
+            self._state.opened(response.headers)
+        except KyronixError:
+            await response.aclose()
+            raise
+        return response
 
     async def aclose(self) -> None:
         await self._chunks.aclose()

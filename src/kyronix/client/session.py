@@ -142,6 +142,8 @@ class AsyncSession(_SessionBase):
         *,
         execute: _base.Execute | None = None,
     ) -> RunResponse:
+        """Run the session's agent on ``input``, in this session (custom agent: ``POST
+        /api/customagents/run``; built-in: ``POST /api/agents/{agent}``)."""
         custom = self._custom(custom_agent_id)
         if custom is not None:
             return await self._client.run_custom_agent(
@@ -154,7 +156,9 @@ class AsyncSession(_SessionBase):
         )  # fmt: skip
 
     async def get_history(self) -> dict[str, Any]:
+        """``GET /api/sessions/{id}``: ``{"id", "agentId", "chat": [...]}``."""
         return _history(await self._client._send(_base.history_call(self._id)))
 
     async def get_messages(self) -> list[dict[str, Any]]:
+        """The ``chat`` of :meth:`get_history`: ``[{"role", "content", …}]`` in order."""
         return _messages(await self.get_history())

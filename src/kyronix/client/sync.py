@@ -37,6 +37,11 @@ OnComplete = Callable[[RunResponse], object]
 OnError = Callable[[KyronixError], object]
 
 
+def _call_back(callback: Callable[[Any], object] | None, value: object) -> None:
+    if callback is not None:
+        callback(value)
+
+
 class Kyronix:
     """The Kyronix runtime client (synchronous). ``AsyncKyronix`` has the same methods.
 
@@ -197,7 +202,8 @@ class Kyronix:
         """Run a built-in agent, streaming its KML (``POST /api/agents/{agent}/stream``).
 
         With a callback: runs to the end and returns the result (None after ``on_error``).
-        Without: returns a :class:`TextStream` of text chunks; its ``result`` is set at the end.
+        Without: returns the stream of text chunks (:class:`TextStream`); its ``result`` is set
+        at the end.
         """
         try:
             call = _base.run_call(
@@ -265,11 +271,9 @@ class Kyronix:
             return stream
         with stream:
             for chunk in stream:
-                if on_chunk is not None:
-                    on_chunk(chunk)
+                _call_back(on_chunk, chunk)
         assert stream.result is not None
-        if on_complete is not None:
-            on_complete(stream.result)
+        _call_back(on_complete, stream.result)
         return stream.result
 
     # ------------------------------------------------------------------ sessions
@@ -290,7 +294,7 @@ class Kyronix:
     def session(
         self, session_id: str, agent: str = "coding", custom_agent_id: str | None = None
     ) -> Session:
-        """A :class:`Session` for an existing session id (no request is sent)."""
+        """The :class:`Session` of an existing session id (no request is sent)."""
         return Session(self, session_id, agent, custom_agent_id, None)
 
     # ------------------------------------------------------------------ tunnel
@@ -364,7 +368,7 @@ def _failed(exc: KyronixError, on_error: OnError | None) -> RunResponse | None:
     """A stream that failed: to ``on_error`` when there is one, else raised."""
     if on_error is None:
         raise exc
-    on_error(exc)
+    _call_back(on_error, exc)
     return None
 
 
@@ -445,7 +449,10 @@ class TextStream(Iterator[str]):
         )
 
     def _opened(self, call: Call) -> httpx2.Response:
-        response = self._client._open(call, self._retrier, stream=True)
+        return self._check(self._client._open(call, self._retrier, stream=True))
+
+    def _check(self, response: httpx2.Response) -> httpx2.Response:
+        """``response`` if it is the run's event stream; else it is closed and the error raised."""
         try:
             self._state.opened(response.headers)
         except KyronixError:
