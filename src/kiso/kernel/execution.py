@@ -9,6 +9,8 @@ is a property of the tool (:class:`Rerunnable`), never a list of names kept some
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from enum import StrEnum
 from typing import NewType, Protocol
 
@@ -20,8 +22,10 @@ __all__ = [
     "ReceiptState",
     "Rerunnable",
     "Ruling",
+    "call_execution_id",
     "is_rerunnable",
     "parse_ruling",
+    "request_id_of",
 ]
 
 ExecutionId = NewType("ExecutionId", str)
@@ -84,3 +88,21 @@ class Rerunnable(Protocol):
 def is_rerunnable(tool: Rerunnable) -> bool:
     """Whether an uncertain execution of ``tool`` is re-run without asking anyone."""
     return tool.read_only or tool.idempotent
+
+
+def call_execution_id(session_id: str, call_id: str, key: bytes = b"") -> ExecutionId:
+    """``exec_`` + 32 hex digits: the receipt key of a model's call whose effect runs elsewhere
+    (an executer over the tunnel), the same for every attempt of that call, so the request a
+    resumed run sends again names the same receipt and nothing runs twice. Keyed with ``key``
+    (HMAC-SHA256; the server's secret), so nobody without the key can compute it ahead of the
+    request."""
+    digest = hmac.new(key, f"{session_id}\x00{call_id}".encode(), hashlib.sha256).hexdigest()
+    return ExecutionId("exec_" + digest[:32])
+
+
+def request_id_of(execution_id: str, key: bytes = b"") -> str:
+    """``req_`` + 32 hex digits: the id of the one-tool request that carries ``execution_id``
+    (stable across attempts, like it; keyed with ``key`` apart from it, so knowing a tool's
+    execution id does not tell the request's id)."""
+    digest = hmac.new(key, f"request\x00{execution_id}".encode(), hashlib.sha256).hexdigest()
+    return "req_" + digest[:32]

@@ -1,4 +1,4 @@
-"""Projects and API keys.
+"""Projects and API keys, and the one check of a presented key (:func:`authenticate`).
 
 A key is ``kyr_`` + 32 random bytes (url-safe base64, 43 characters): shown once, when it is
 made. Only a keyed hash is stored (HMAC-SHA256 under the server's secret, ``secret.key`` in
@@ -7,6 +7,11 @@ A presented key is hashed and looked up by its hash, and the stored hash is comp
 :func:`hmac.compare_digest`: nothing about a key is compared byte by byte in variable time.
 Last use is recorded, at most once a minute per key (a write per request would serialize every
 request on the database's one writer for a timestamp).
+
+:func:`authenticate` is the only place a key is believed: the HTTP routes, the tunnel's ``/ws``
+and anything else that takes a key call it. It rate-limits, looks the key up by its hash,
+refuses a revoked one and records last use; every refusal is a :class:`KeyRefused` that says
+what was wrong.
 """
 
 from __future__ import annotations
@@ -17,20 +22,26 @@ import hmac
 import os
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select, update
 
-from kyronix.errors import KyronixUsageError
+from kyronix.errors import KyronixError, KyronixUsageError
 from kyronix.server import billing
-from kyronix.server.db import api_keys, now_ms, projects
+from kyronix.server.db import Database, api_keys, now_ms, projects
+from kyronix.server.ratelimit import RateLimiter
 
 __all__ = [
     "KEY_PATTERN",
+    "KeyCheck",
     "KeyInfo",
+    "KeyRefused",
     "Project",
+    "authenticate",
+    "bearer",
     "create_key",
     "create_project",
     "find_project",
@@ -227,3 +238,83 @@ def touch_key(conn: Connection, key_id: str, at: int) -> None:
 
 def count_keys(conn: Connection) -> int:
     return int(conn.execute(select(func.count()).select_from(api_keys)).scalar_one())
+
+
+# --------------------------------------------------------------------------- the key check
+
+_BEARER = re.compile(r"Bearer\s+(\S+)\s*", re.IGNORECASE)
+
+
+class KeyRefused(KyronixError):
+    """A presented key was not accepted: ``status`` 401 (``missing_api_key``,
+    ``invalid_api_key``) or 429 (``rate_limited``, with ``retry_after`` seconds)."""
+
+    def __init__(
+        self, status: int, code: str, message: str, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, status_code=status)
+        self.status = status
+        self.code = code
+        self.retry_after = retry_after
+
+
+def bearer(header: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer …`` header ("" for a malformed header, None for
+    none)."""
+    if not header:
+        return None
+    m = _BEARER.fullmatch(header)
+    return m.group(1) if m else ""
+
+
+class KeyCheck:
+    """What :func:`authenticate` needs, once per server: the database, the hashing secret, the
+    rate limiter and when each key's last use was last written. ``background(fn)`` runs a
+    blocking function off the request path (the last-use write)."""
+
+    def __init__(
+        self,
+        db: Database,
+        secret: bytes,
+        limiter: RateLimiter,
+        background: Callable[[Callable[[], object]], None] | None = None,
+    ) -> None:
+        self.db = db
+        self.secret = secret
+        self.limiter = limiter
+        self.background = background
+        self.touched: dict[str, int] = {}
+
+
+def authenticate(check: KeyCheck, presented: str | None) -> KeyInfo:
+    """The live key ``presented`` names, or :class:`KeyRefused`: rate limit first (a bucket per
+    presented key), then the shape, the look-up by hash, revocation; last use is recorded at
+    most every :data:`LAST_USE_EVERY_MS`."""
+    if presented is None:
+        raise KeyRefused(
+            401, "missing_api_key", "send your API key as `Authorization: Bearer kyr_…`"
+        )
+    bucket = hashlib.sha256(presented.encode()).hexdigest()[:32] if presented else "malformed"
+    wait = check.limiter.take(bucket)
+    if wait:
+        raise KeyRefused(429, "rate_limited", "too many requests for this API key; slow down", wait)
+    if not KEY_PATTERN.fullmatch(presented):
+        raise KeyRefused(
+            401, "invalid_api_key", "not a Kyronix API key: send `Bearer kyr_…` with a valid key"
+        )
+    info = check.db.read(lambda c: lookup_key(c, check.secret, presented))
+    if info is None:
+        raise KeyRefused(401, "invalid_api_key", "this API key is unknown or has been revoked")
+    at = now_ms()
+    last = check.touched.get(info.id, info.last_used_at or 0)
+    if at - last >= LAST_USE_EVERY_MS:
+        check.touched[info.id] = at
+
+        def touch() -> None:
+            check.db.write(lambda c: touch_key(c, info.id, at))
+
+        if check.background is not None:
+            check.background(touch)
+        else:
+            touch()
+    return info

@@ -28,25 +28,20 @@ import asyncio
 import hashlib
 import json
 import re
-import secrets
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Path, Request
+from fastapi import APIRouter, FastAPI, Header, Path, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from kiso.kernel import SessionNotFoundError
-from kyronix.server import accounts, billing, custom_agents
+from kyronix.server import billing, custom_agents, sessions
 from kyronix.server.agents import AGENTS, builtin_persona
-from kyronix.server.app import AppState
 from kyronix.server.config import to_credits
-from kyronix.server.db import now_ms, sessions
 from kyronix.server.errors import ApiError, not_found
-from kyronix.server.ratelimit import retry_after
-from kyronix.server.runs import RunHandle, RunRequest, chat_of, request_hash
+from kyronix.server.runs.handle import RunHandle, RunRequest
 from kyronix.server.schemas import (
     AGENT_SLUG,
     CUSTOM_AGENT_ID,
@@ -69,10 +64,10 @@ from kyronix.server.schemas import (
     SessionView,
     ToolInfo,
 )
+from kyronix.server.state import Auth, GuardedRoute, Principal, app_state
 
-__all__ = ["install"]
+__all__ = ["install_health", "request_hash", "router"]
 
-_BEARER = re.compile(r"Bearer\s+(\S+)\s*", re.IGNORECASE)
 _IDEM = re.compile(r"[\x21-\x7e]{1,255}")
 
 _E = {"model": ErrorResponse}
@@ -104,58 +99,10 @@ _SSE: dict[int | str, dict[str, Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class Principal:
-    project_id: str
-    key_id: str
-
-
-def _state(request: Request) -> AppState:
-    state: AppState = request.app.state.kx
-    return state
-
-
-def _unauthorized(code: str, message: str) -> ApiError:
-    return ApiError(401, code, message, headers={"WWW-Authenticate": "Bearer"})
-
-
-async def principal(
-    request: Request,
-    authorization: Annotated[
-        str | None, Header(description="Bearer kyr_… (the project's API key)")
-    ] = None,
-) -> Principal:
-    state = _state(request)
-    if not authorization:
-        raise _unauthorized("missing_api_key", "send your API key as `Authorization: Bearer kyr_…`")
-    m = _BEARER.fullmatch(authorization)
-    key = m.group(1) if m else ""
-    bucket = hashlib.sha256(key.encode()).hexdigest()[:32] if key else "malformed"
-    wait = state.limiter.take(bucket)
-    if wait:
-        raise ApiError(
-            429,
-            "rate_limited",
-            "too many requests for this API key; slow down",
-            {"retryAfter": float(f"{wait:.3f}")},
-            headers={"Retry-After": retry_after(wait)},
-        )
-    if not accounts.KEY_PATTERN.fullmatch(key):
-        raise _unauthorized(
-            "invalid_api_key", "the Authorization header must be `Bearer kyr_…` with a valid key"
-        )
-    info = state.db.read(lambda c: accounts.lookup_key(c, state.secret, key))
-    if info is None:
-        raise _unauthorized("invalid_api_key", "this API key is unknown or has been revoked")
-    at = now_ms()
-    last = state.key_touched.get(info.id, info.last_used_at or 0)
-    if at - last >= accounts.LAST_USE_EVERY_MS:
-        state.key_touched[info.id] = at
-        state.spawn(asyncio.to_thread(state.db.write, lambda c: accounts.touch_key(c, info.id, at)))
-    return Principal(info.project_id, info.id)
-
-
-Auth = Annotated[Principal, Depends(principal)]
+def request_hash(route: str, body: dict[str, Any]) -> str:
+    """What an Idempotency-Key is bound to: the route and its body."""
+    canonical = json.dumps([route, body], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _project(who: Principal, project_id: str | None) -> str:
@@ -193,7 +140,7 @@ LastEventHeader = Annotated[
     Header(alias="Last-Event-ID", description="resume a stream after this event id"),
 ]
 
-router = APIRouter(prefix="/api")
+router = APIRouter(prefix="/api", route_class=GuardedRoute)
 
 
 # --------------------------------------------------------------------------- runs
@@ -209,7 +156,7 @@ async def _start(
     route: str,
     idem: str | None,
 ) -> tuple[RunHandle, bool]:
-    state = _state(request)
+    state = app_state(request)
     project_id = _project(who, body.get("projectId"))
     idem = _idem_key(idem)
     req = RunRequest(
@@ -222,7 +169,7 @@ async def _start(
         request_hash=request_hash(route, body) if idem is not None else None,
         execute=body.get("execute"),
     )
-    return await state.manager.start(req)
+    return await state.runs.start(req)
 
 
 async def _answer(handle: RunHandle, new: bool) -> JSONResponse:
@@ -352,7 +299,7 @@ RunPath = Annotated[str, Path(pattern=RUN_ID)]
 
 @router.get("/runs/{run_id}", response_model=RunResult, responses=_RUN, summary="A run's result")
 async def get_run(request: Request, run_id: RunPath, who: Auth) -> JSONResponse:
-    handle = await _state(request).manager.handle_of(who.project_id, run_id)
+    handle = await app_state(request).runs.handle_of(who.project_id, run_id)
     return await _answer(handle, True)
 
 
@@ -365,7 +312,7 @@ async def get_run(request: Request, run_id: RunPath, who: Auth) -> JSONResponse:
 async def join_run(
     request: Request, run_id: RunPath, who: Auth, last_event_id: LastEventHeader = None
 ) -> EventSourceResponse:
-    handle = await _state(request).manager.handle_of(who.project_id, run_id)
+    handle = await app_state(request).runs.handle_of(who.project_id, run_id)
     return _sse(handle, last_event_id)
 
 
@@ -433,7 +380,7 @@ def _sse(handle: RunHandle, last_event_id: str | None) -> EventSourceResponse:
     summary="List custom agents",
 )
 async def list_custom(request: Request, who: Auth) -> list[CustomAgent]:
-    state = _state(request)
+    state = app_state(request)
     return await asyncio.to_thread(
         state.db.read, lambda c: custom_agents.list_agents(c, who.project_id)
     )
@@ -447,7 +394,7 @@ async def list_custom(request: Request, who: Auth) -> list[CustomAgent]:
     summary="Create a custom agent",
 )
 async def create_custom(request: Request, body: CustomAgentCreate, who: Auth) -> CustomAgent:
-    state = _state(request)
+    state = app_state(request)
     return await asyncio.to_thread(
         state.db.write, lambda c: custom_agents.create_agent(c, who.project_id, body)
     )
@@ -474,7 +421,7 @@ def _owned(conn: Connection, project_id: str, agent_id: str) -> Any:
     summary="A custom agent",
 )
 async def get_custom(request: Request, agent_id: AgentIdPath, who: Auth) -> CustomAgent:
-    state = _state(request)
+    state = app_state(request)
     row = await asyncio.to_thread(state.db.read, lambda c: _owned(c, who.project_id, agent_id))
     return custom_agents.agent_out(row)
 
@@ -488,7 +435,7 @@ async def get_custom(request: Request, agent_id: AgentIdPath, who: Auth) -> Cust
 async def patch_custom(
     request: Request, agent_id: AgentIdPath, body: CustomAgentPatch, who: Auth
 ) -> CustomAgent:
-    state = _state(request)
+    state = app_state(request)
     agent = await asyncio.to_thread(
         state.db.write, lambda c: custom_agents.update_agent(c, who.project_id, agent_id, body)
     )
@@ -504,7 +451,7 @@ async def patch_custom(
     summary="Delete a custom agent",
 )
 async def delete_custom(request: Request, agent_id: AgentIdPath, who: Auth) -> CustomAgentDeleted:
-    state = _state(request)
+    state = app_state(request)
     deleted = await asyncio.to_thread(
         state.db.write, lambda c: custom_agents.delete_agent(c, who.project_id, agent_id)
     )
@@ -526,27 +473,18 @@ async def delete_custom(request: Request, agent_id: AgentIdPath, who: Auth) -> C
 async def create_session(
     request: Request, who: Auth, body: SessionBody | None = None
 ) -> SessionCreated:
-    state = _state(request)
+    state = app_state(request)
     body = body or SessionBody()
     project_id = _project(who, body.projectId)
     agent = body.agent or "coding"
     _check_agent(agent)
-    session_id = f"sess_{secrets.token_hex(12)}"
 
-    def tx(conn: Connection) -> None:
+    def tx(conn: Connection) -> str:
         if body.customAgentId is not None:
             _owned(conn, project_id, body.customAgentId)
-        conn.execute(
-            sessions.insert().values(
-                id=session_id,
-                project_id=project_id,
-                agent=agent,
-                custom_agent_id=body.customAgentId,
-                created_at=now_ms(),
-            )
-        )
+        return sessions.create(conn, project_id, agent, body.customAgentId)
 
-    await asyncio.to_thread(state.db.write, tx)
+    session_id = await asyncio.to_thread(state.db.write, tx)
     return SessionCreated(id=session_id, agentId=body.customAgentId or agent)
 
 
@@ -554,22 +492,17 @@ SessionPath = Annotated[str, Path(pattern=SESSION_ID)]
 
 
 async def _session_view(request: Request, who: Principal, session_id: str) -> SessionView:
-    state = _state(request)
+    state = app_state(request)
 
-    def load(conn: Connection) -> Any:
-        return conn.execute(
-            select(sessions).where(
-                (sessions.c.id == session_id) & (sessions.c.project_id == who.project_id)
-            )
-        ).first()
-
-    row = await asyncio.to_thread(state.db.read, load)
+    row = await asyncio.to_thread(
+        state.db.read, lambda c: sessions.find(c, who.project_id, session_id)
+    )
     if row is None:
         raise not_found("session", session_id)
 
     def history() -> list[dict[str, Any]]:
         try:
-            return chat_of(state.store.load(session_id).events)
+            return sessions.chat_of(state.store.load(session_id).events)
         except SessionNotFoundError:
             return []
 
@@ -610,7 +543,7 @@ async def post_session(request: Request, session_id: SessionPath, who: Auth) -> 
     "/credits", response_model=CreditsInfo, responses=_COMMON, summary="The project's credits"
 )
 async def credits(request: Request, who: Auth) -> CreditsInfo:
-    state = _state(request)
+    state = app_state(request)
 
     def load(conn: Connection) -> tuple[int, int]:
         return billing.balance(conn, who.project_id), billing.held(conn, who.project_id)
@@ -619,17 +552,13 @@ async def credits(request: Request, who: Auth) -> CreditsInfo:
     return CreditsInfo(projectId=who.project_id, credits=to_credits(balance), held=to_credits(held))
 
 
-def install(app: FastAPI) -> None:
-    app.include_router(router)
+def install_health(app: FastAPI) -> None:
+    """``GET /healthz``: 200 while serving, 503 once draining (for a load balancer)."""
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz(request: Request) -> JSONResponse:
-        state = _state(request)
+        state = app_state(request)
         return JSONResponse(
-            {
-                "ok": not state.draining,
-                "draining": state.draining,
-                "running": state.manager.running,
-            },
+            {"ok": not state.draining, "draining": state.draining, "running": state.runs.running},
             status_code=503 if state.draining else 200,
         )

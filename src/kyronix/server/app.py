@@ -1,52 +1,51 @@
-"""``create_app(config)``: the FastAPI application, its state, its guards.
+"""``create_app(config)``: the application, composed. Nothing imports this module but the entry
+points (``kyronix serve``, tests, benchmarks).
 
-The ASGI stack, outermost first: the drain guard (503 ``draining`` once shutdown began), the body
-limit (413 past ``maxBody``, 1 MiB by default, whether or not a Content-Length was sent), CORS
-(only when origins are configured), then FastAPI: its validation errors and HTTP errors are
-reshaped into the one error body (400 for malformed JSON or wrong types, never a 500), and an
-unexpected exception is a 500 ``internal_error`` whose body names no file, line or value.
+The parts, bottom up (docs/server.md has the floor plan): the database and its migrations, the
+session store, the model, the cluster (PostgreSQL: several replicas), the kiso session pool, the
+results recorder, the relay, the runs, the key check; then the routes: the API (``/api``,
+FastAPI, every route a :class:`~kyronix.server.state.GuardedRoute`), the tunnel (``/ws``) and
+the dashboard, a sub-application of its own (HTML pages, its own error handlers and middleware)
+attached at its paths.
 
-At start (the lifespan): migrations (refusing a newer database), the start sweep (every run left
-``running`` by a dead server is recorded interrupted and its hold released), and the periodic
-hold sweep. At shutdown: running runs get until the drain deadline to finish; the rest are
-recorded interrupted.
+At start (the lifespan): migrations (refusing a newer database), the runs a stopped server left
+(taken over: settled or resumed), the periodic sweeps. At shutdown: running runs get until the
+drain deadline to finish; the rest are recorded interrupted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from kiso.kernel import SessionStore
-from kyronix.server import tunnel
-from kyronix.server.accounts import load_secret
+from kyronix.server import accounts, api, dashboard, ws
 from kyronix.server.config import ServerConfig, ensure_home
 from kyronix.server.db import Database
 from kyronix.server.errors import ApiError, error_body
 from kyronix.server.ratelimit import RateLimiter
-from kyronix.server.runs import RunManager
-from kyronix.server.tunnel import Relay
+from kyronix.server.relay import Relay
+from kyronix.server.runs.pool import SessionPool
+from kyronix.server.runs.results import ResultsRecorder
+from kyronix.server.runs.service import Runs
+from kyronix.server.state import AppState
 
-__all__ = ["AppState", "create_app", "make_session_store"]
+__all__ = ["create_app", "make_session_store"]
 
 log = logging.getLogger("kyronix.server")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def make_session_store(config: ServerConfig, db: Database) -> SessionStore:
@@ -57,135 +56,6 @@ def make_session_store(config: ServerConfig, db: Database) -> SessionStore:
     return SqlSessionStore(db.engine)
 
 
-@dataclass
-class AppState:
-    config: ServerConfig
-    db: Database
-    store: SessionStore
-    manager: RunManager
-    secret: bytes
-    limiter: RateLimiter
-    draining: bool = False
-    drain_deadline: float | None = None
-    key_touched: dict[str, int] = field(default_factory=dict)
-    relay: Relay = field(default_factory=Relay)
-    background: set[asyncio.Task[Any]] = field(default_factory=set)
-
-    def begin_drain(self) -> None:
-        if not self.draining:
-            self.draining = True
-            self.drain_deadline = time.monotonic() + self.config.drain_timeout
-            log.info(
-                "draining: new requests get 503; running turns get %gs", self.config.drain_timeout
-            )
-
-    def spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-
-
-def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _guards(app: ASGIApp, state_of: Callable[[], AppState | None], max_body: int) -> ASGIApp:
-    """The drain guard and the body limit, as one pure ASGI middleware."""
-
-    async def send_error(send: Send, status: int, body: dict[str, Any], path: str = "") -> None:
-        import json
-
-        kind = b"application/json"
-        payload = json.dumps(body).encode()
-        extra: list[tuple[bytes, bytes]] = []
-        if _is_page(path):  # a browser's form: the error as a page
-            from kyronix.server.dashboard.web import PAGE_HEADERS, error_html
-
-            kind = b"text/html; charset=utf-8"
-            said = body["error"]["message"]
-            payload = error_html(status, "Too large", f"{said}; nothing was changed").encode()
-            extra = [(k.encode(), v.encode()) for k, v in PAGE_HEADERS.items()]
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", kind),
-                    (b"content-length", str(len(payload)).encode()),
-                    (b"connection", b"close"),
-                    *extra,
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
-
-    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-        state = state_of()
-        if state is not None and state.draining and scope["path"].startswith("/api"):
-            await send_error(
-                send,
-                503,
-                error_body(
-                    "draining", "the server is shutting down; retry on another server or shortly"
-                ),
-            )
-            return
-        too_large = error_body(
-            "payload_too_large",
-            f"the request body is over the limit of {max_body} bytes",
-            {"limit": max_body},
-        )
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0
-                if declared > max_body:
-                    await send_error(send, 413, too_large, scope["path"])
-                    return
-        if scope.get("method") in ("POST", "PUT", "PATCH", "DELETE"):
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                body = message.get("body", b"")
-                size += len(body)
-                if size > max_body:
-                    await send_error(send, 413, too_large, scope["path"])
-                    return
-                chunks.append(body)
-                if not message.get("more_body", False):
-                    break
-            buffered = b"".join(chunks)
-            replayed = False
-
-            async def replay() -> Message:
-                nonlocal replayed
-                if not replayed:
-                    replayed = True
-                    return {"type": "http.request", "body": buffered, "more_body": False}
-                return await receive()
-
-            await app(scope, replay, send)
-            return
-        await app(scope, receive, send)
-
-    return guarded
-
-
-_PAGES = ("/dashboard", "/signin", "/api/auth")
-
-
-def _is_page(path: str) -> bool:
-    return path.startswith(_PAGES)
-
-
 def create_app(
     config: ServerConfig,
     *,
@@ -193,7 +63,6 @@ def create_app(
     migrate: bool = True,
 ) -> FastAPI:
     """The application. Opening the database and migrating happen here, not at import."""
-    from kyronix.server import api
     from kyronix.server.migrations import migrate as run_migrations
     from kyronix.server.models import choose_model
 
@@ -203,30 +72,34 @@ def create_app(
         run_migrations(db)
     config.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     sessions = store if store is not None else make_session_store(config, db)
-    models = choose_model(config)
+    secret = accounts.load_secret(config.home, config.key_secret)
     cluster = None
     if not db.is_sqlite:  # PostgreSQL: any number of replicas on the one database
         from kyronix.server.cluster import Cluster
 
         cluster = Cluster(
-            db,
-            f"srv_{secrets.token_hex(6)}",
-            timeout=config.replica_timeout,
-            notify=config.notify,
+            db, f"srv_{secrets.token_hex(6)}", timeout=config.replica_timeout, notify=config.notify
         )
+    pool = SessionPool(sessions, config.sessions_dir, cluster=cluster)
+    recorder = ResultsRecorder(db, pool, cluster=cluster)
+    relay = Relay(on_results=recorder.record, cluster=cluster)
+    runs = Runs(
+        config, db, sessions, choose_model(config), relay=relay, pool=pool, recorder=recorder,
+        id_key=hmac.new(secret, b"kyronix tunnel ids", hashlib.sha256).digest(), cluster=cluster,
+    )  # fmt: skip
+    background: set[asyncio.Task[Any]] = set()
+
+    def in_background(fn: Callable[[], object]) -> None:
+        task = asyncio.ensure_future(asyncio.to_thread(fn))
+        background.add(task)
+        task.add_done_callback(background.discard)
+
+    limiter = RateLimiter(config.rate_per_minute, config.rate_burst)
+    keys = accounts.KeyCheck(db, secret, limiter, in_background)
     state = AppState(
-        config=config,
-        db=db,
-        store=sessions,
-        manager=RunManager(config, db, sessions, models, cluster=cluster),
-        secret=load_secret(config.home, config.key_secret),
-        limiter=RateLimiter(config.rate_per_minute, config.rate_burst),
-    )
-    state.relay = tunnel.Relay(on_results=state.manager.record_results, cluster=cluster)
-    state.manager.relay = state.relay
-    if cluster is not None:
-        cluster.handlers["record"] = state.manager._remote_record
-        cluster.handlers["release"] = state.manager._remote_release
+        config=config, db=db, store=sessions, runs=runs, relay=relay, keys=keys, secret=secret,
+        background=background,
+    )  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -237,14 +110,8 @@ def create_app(
             tasks.append(loop.create_task(cluster.listen_forever()))
             tasks.append(loop.create_task(cluster.sweep_forever()))
             log.info("replica %s of the database's servers", cluster.id)
-        stale, resumable = await asyncio.to_thread(state.manager.sweep_at_start)
-        if stale:
-            log.info("start sweep: %d run(s) left by a stopped server recorded interrupted", stale)
-        await state.manager.resume_tunnel_runs(resumable)
-        tasks.append(loop.create_task(state.manager.sweep_forever()))
-        tasks.append(loop.create_task(tunnel.heartbeat_forever(state.relay)))
-        if cluster is not None:
-            tasks.append(loop.create_task(state.manager.watch_replicas_forever()))
+        tasks += await runs.startup()
+        tasks.append(loop.create_task(relay.heartbeat_forever()))
         try:
             yield
         finally:
@@ -254,9 +121,9 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             left = max(0.0, (state.drain_deadline or time.monotonic()) - time.monotonic())
-            await state.manager.drain(left)
-            await state.relay.close()
-            await asyncio.to_thread(state.manager.close_idle)
+            await runs.shutdown(left)
+            await relay.close()
+            await asyncio.to_thread(runs.close_idle)
             if state.background:
                 await asyncio.gather(*state.background, return_exceptions=True)
             if cluster is not None:  # a clean stop: nothing of this replica is left to take over
@@ -270,57 +137,13 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.kx = state
-
-    @app.exception_handler(ApiError)
-    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return _json(exc.status, exc.body, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = []
-        for err in exc.errors()[:20]:
-            errors.append(
-                {
-                    "loc": [str(p) for p in err.get("loc", ())],
-                    "msg": str(err.get("msg", "")),
-                    "type": str(err.get("type", "")),
-                }
-            )
-        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-        where = ".".join(first["loc"]) or "the request"
-        return _json(
-            400,
-            error_body("invalid_request", f"{where}: {first['msg']}", {"errors": errors}),
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        if _is_page(request.url.path):  # a browser's page: an HTML page, not a JSON body
-            from kyronix.server.dashboard.web import error_page
-
-            titles = {404: "Not found", 405: "Not allowed"}
-            title = titles.get(exc.status_code, "Refused")
-            said = "there is no such page" if exc.status_code == 404 else str(exc.detail)
-            return error_page(request, exc.status_code, title, said)
-        codes = {404: "not_found", 405: "method_not_allowed"}
-        code = codes.get(exc.status_code, "http_error")
-        message = str(exc.detail) if exc.detail else code
-        return _json(exc.status_code, error_body(code, message), dict(exc.headers or {}))
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> Response:
-        log.error("unexpected %s while serving a request", type(exc).__name__)
-        if _is_page(request.url.path):
-            from kyronix.server.dashboard.web import error_page
-
-            return error_page(request, 500, "Something failed", "the server failed; a bug")
-        return _json(500, error_body("internal_error", "the server failed; this is a bug"))
-
-    api.install(app)
-    from kyronix.server import dashboard
-
-    dashboard.install(app, state)
-    app.add_api_websocket_route("/ws", tunnel.websocket_endpoint)
+    _api_errors(app)
+    pages = dashboard.create_app(state)
+    for path in dashboard.PATHS:  # the dashboard's own paths go to it, whole
+        app.router.routes.append(Route(path, pages, include_in_schema=False))
+    app.include_router(api.router)
+    api.install_health(app)
+    app.add_api_websocket_route("/ws", ws.websocket_endpoint)
     if config.cors:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -330,10 +153,51 @@ def create_app(
             allow_methods=["GET", "POST", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
         )
-    inner = app.build_middleware_stack
-
-    def build() -> Any:
-        return _guards(inner(), lambda: state, config.max_body)
-
-    app.build_middleware_stack = build  # type: ignore[method-assign]
     return app
+
+
+def _api_errors(app: FastAPI) -> None:
+    """The API's errors as the one error body: 400 for malformed input (never a 500), the
+    route's own :class:`ApiError`, and a bug as a 500 whose body names no file, line or
+    value."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {
+                "loc": [str(p) for p in err.get("loc", ())],
+                "msg": str(err.get("msg", "")),
+                "type": str(err.get("type", "")),
+            }
+            for err in exc.errors()[:20]
+        ]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        where = ".".join(first["loc"]) or "the request"
+        body = error_body("invalid_request", f"{where}: {first['msg']}", {"errors": errors})
+        return JSONResponse(body, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> Response:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        code = codes.get(exc.status_code, "http_error")
+        message = str(exc.detail) if exc.detail else code
+        return JSONResponse(
+            error_body(code, message), status_code=exc.status_code, headers=dict(exc.headers or {})
+        )
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> Response:
+        log.error(
+            "unexpected %s while serving %s %s",
+            type(exc).__name__,
+            request.method,
+            request.url.path,
+            exc_info=exc,
+        )
+        return JSONResponse(
+            error_body("internal_error", "the server failed; this is a bug"), status_code=500
+        )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select, update
 
@@ -36,6 +37,9 @@ from kyronix.server.db import holds, ledger, now_ms, projects
 __all__ = [
     "InsufficientCredits",
     "balance",
+    "changes_since",
+    "entries",
+    "expired_holds",
     "grant",
     "held",
     "ledger_sum",
@@ -131,6 +135,24 @@ def ledger_sum(conn: Connection, project_id: str) -> int:
         select(func.coalesce(func.sum(ledger.c.amount), 0)).where(ledger.c.project_id == project_id)
     ).scalar_one()
     return int(value)
+
+
+def entries(conn: Connection, project_id: str, *, newest: int | None = None) -> list[Any]:
+    """The project's ledger rows: all of them in order, or the ``newest`` ones, newest first."""
+    query = select(ledger).where(ledger.c.project_id == project_id)
+    if newest is None:
+        return list(conn.execute(query.order_by(ledger.c.id)))
+    return list(conn.execute(query.order_by(ledger.c.id.desc()).limit(newest)))
+
+
+def changes_since(conn: Connection, project_id: str, since: int) -> list[tuple[int, str, int]]:
+    """(created_at, kind, amount) of every ledger row of the project from ``since`` (unix ms)."""
+    rows = conn.execute(
+        select(ledger.c.created_at, ledger.c.kind, ledger.c.amount).where(
+            (ledger.c.project_id == project_id) & (ledger.c.created_at >= since)
+        )
+    )
+    return [(r.created_at, r.kind, r.amount) for r in rows]
 
 
 def held(conn: Connection, project_id: str) -> int:

@@ -183,14 +183,10 @@ def add_commands(group: click.Group) -> None:
         """List the dashboard's users: login, how they sign in, created, their projects."""
         from datetime import UTC, datetime
 
-        from sqlalchemy import select
-
-        from kyronix.server.db import users
-        from kyronix.server.users import projects_of
+        from kyronix.server.users import list_users
 
         def read(conn: Any, _cfg: Any) -> list[tuple[Any, list[Any]]]:
-            rows = conn.execute(select(users).order_by(users.c.created_at, users.c.id))
-            return [(r, projects_of(conn, r.id)) for r in rows]
+            return list_users(conn)
 
         found = _with_db(db_url, read, write=False)
         if not found:
@@ -303,24 +299,11 @@ def add_commands(group: click.Group) -> None:
     @_db_option
     def credits_show(project_ref: str, show_ledger: bool, db_url: str | None) -> None:
         """Show PROJECT's balance, what runs in flight hold, and (--ledger) the ledger."""
-        from sqlalchemy import select
-
         from kyronix.server import billing
-        from kyronix.server.db import ledger
 
         def read(conn: Any, _cfg: Any) -> tuple[Any, int, int, int, list[Any]]:
             project = _project_or_fail(conn, project_ref)
-            rows = (
-                list(
-                    conn.execute(
-                        select(ledger)
-                        .where(ledger.c.project_id == project.id)
-                        .order_by(ledger.c.id)
-                    )
-                )
-                if show_ledger
-                else []
-            )
+            rows = billing.entries(conn, project.id) if show_ledger else []
             return (
                 project,
                 billing.balance(conn, project.id),

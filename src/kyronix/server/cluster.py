@@ -9,63 +9,34 @@ No cluster code of our own beyond this: the database is the coordination point (
 * **Presence** (``kx_presence``): which replica each connected executer (project, executer id)
   is connected to, with when it was last heard from. An executer not heard from for
   :data:`SILENT_S` seconds, or on a dead replica, is not there.
-* **Mailbox** (``kx_mailbox``): a frame for another replica is a durable row plus
-  ``NOTIFY kx_<replica>`` carrying the row's id, in one statement. NOTIFY payloads are capped
-  at 8000 bytes and KML is larger, so the row is the frame; one that fits (under
-  :data:`INLINE_MAX`) also rides in the notification, and the target handles it without
-  reading the row. Each replica has one dedicated LISTEN connection (outside the pool: psycopg
-  deadlocks a connection that is iterating ``notifies()`` if you query on it) and a sweep every
-  :data:`SWEEP_S` seconds that delivers whatever a missed notification left. A row is deleted
-  after its handler ran (by the next sweep, off the delivery path): delivery is **at least
-  once**, and the receivers make a repeat harmless (the executer's receipts, keyed by
-  ``executionId``).
-
-``notify=False`` (``KYRONIX_NOTIFY=0``) delivers by the sweep alone: for a pooler in transaction
-mode (PgBouncer), where LISTEN does not work.
+* **Mailbox** (``kx_mailbox``, :mod:`kyronix.server.mailbox`): frames for another replica.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, select, text, update
+from sqlalchemy import Connection, delete, insert, select, update
 
 from kiso.kernel.sql import process_identity, this_process, writers
 from kyronix.server.db import Database, mailbox, now_ms, presence, replicas
+from kyronix.server.mailbox import SWEEP_S, Handler, Mailbox
 
-__all__ = ["SILENT_S", "SWEEP_S", "Cluster", "Handler", "Where"]
+__all__ = ["SILENT_S", "SWEEP_S", "Cluster", "Where"]
 
 log = logging.getLogger("kyronix.server")
 
-SWEEP_S = 1.0
-"""Seconds between two sweeps of a replica's mailbox (what a missed NOTIFY left is late by at
-most this)."""
 SILENT_S = 45.0
 """An executer not heard from for this long is lost (it pings every 15 s)."""
-BATCH = 200
 LOCATE_CACHE_S = 0.5
 """How long where a project's executers are is remembered (a stale route is answered "moved"
 by the replica it names, and the request is routed again)."""
-"""Mailbox rows read at a time."""
 
-_POST = text(
-    "WITH posted AS (INSERT INTO kx_mailbox (target, kind, body, created_at) "
-    "VALUES (:target, :kind, :body, :created_at) RETURNING id) "
-    "SELECT id, pg_notify(:channel, id::text || :inline) FROM posted"
-)
-"""The row and its notification in one round trip (PostgreSQL)."""
-INLINE_MAX = 7900
-"""A frame this small also rides in its notification (payloads must stay under 8000 bytes):
-the target handles it without reading the row; the row is there for the sweep either way."""
-
-Handler = Callable[[dict[str, Any]], Awaitable[None]]
 Where = tuple[str, str]
 """(replica id, executer id): where an executer is connected."""
 
@@ -80,19 +51,45 @@ class Cluster:
         self.id = replica_id
         self.timeout = timeout
         self.beat = max(0.2, timeout / 5)
-        self.notify = notify and not db.is_sqlite
-        self.channel = f"kx_{replica_id}"
-        self.handlers: dict[str, Handler] = {}
-        self.delivered = 0
-        """Mailbox rows handled by this replica (by notification or by the sweep)."""
-        self.swept = 0
-        """Of those, rows the sweep found (their notification was missed or never sent)."""
-        self._drain_lock = asyncio.Lock()
+        self.mailbox = Mailbox(db, replica_id, notify=notify)
         self._located: dict[str, tuple[float, list[Where]]] = {}
         """Where each project's executers were found, for :data:`LOCATE_CACHE_S` seconds."""
-        self._handled: set[int] = set()
-        """Rows handled and not yet deleted (the next sweep deletes them)."""
         self._host = socket.gethostname()
+
+    # ------------------------------------------------------------------ the mailbox
+
+    def on(self, kind: str, handler: Handler) -> None:
+        """Handle the mailbox rows of ``kind`` sent to this replica with ``handler``."""
+        self.mailbox.on(kind, handler)
+
+    @property
+    def handlers(self) -> dict[str, Handler]:
+        return self.mailbox.handlers
+
+    def post(self, target: str, kind: str, body: dict[str, Any]) -> int:
+        """Queue a frame for replica ``target`` (:meth:`Mailbox.post`)."""
+        return self.mailbox.post(target, kind, body)
+
+    async def send(self, target: str, kind: str, body: dict[str, Any]) -> None:
+        await self.mailbox.send(target, kind, body)
+
+    def pending(self) -> int:
+        """Rows waiting in this replica's mailbox (not yet handled)."""
+        return self.mailbox.pending()
+
+    @property
+    def delivered(self) -> int:
+        return self.mailbox.delivered
+
+    @property
+    def swept(self) -> int:
+        return self.mailbox.swept
+
+    async def listen_forever(self) -> None:
+        await self.mailbox.listen_forever()
+
+    async def sweep_forever(self, every: float = SWEEP_S) -> None:
+        await self.mailbox.sweep_forever(every)
 
     # ------------------------------------------------------------------ replicas
 
@@ -147,6 +144,14 @@ class Cluster:
         dead = [r.id for r in rows if self._dead(r, now)]
         live = {r.id for r in rows if r.id not in dead} | {self.id}
         return live, dead
+
+    def alive_query(self, dead: Iterable[str]) -> Any:
+        """The ids of the replicas alive now, as a subquery (for a statement that must see the
+        replicas as they are when it runs: one that claims a dead replica's runs)."""
+        fresh = now_ms() - int(self.timeout * 1000)
+        return select(replicas.c.id).where(
+            (replicas.c.heartbeat_at > fresh) & replicas.c.id.not_in(list(dead))
+        )
 
     def forget(self, dead: Iterable[str]) -> None:
         """Remove dead replicas: their rows, their executers' presence, their mailboxes, and the
@@ -317,147 +322,3 @@ class Cluster:
     def count(self, project_id: str) -> int:
         """How many executers of the project are connected anywhere in the cluster."""
         return len(self.db.read(lambda c: self._present(c, [project_id])))
-
-    # ------------------------------------------------------------------ the mailbox
-
-    def post(self, target: str, kind: str, body: dict[str, Any]) -> int:
-        """Queue a frame for replica ``target``: a row plus ``NOTIFY kx_<target>`` (its id), in
-        one statement and one transaction: the notification goes out at commit, when the row is
-        there to read."""
-        payload = json.dumps(body, separators=(",", ":"))
-        values = {"target": target, "kind": kind, "body": payload, "created_at": now_ms()}
-
-        def tx(conn: Connection) -> int:
-            if not self.notify:
-                return int(
-                    conn.execute(
-                        insert(mailbox).values(values).returning(mailbox.c.id)
-                    ).scalar_one()
-                )
-            inline = f" {kind} {payload}"
-            if len(inline.encode()) > INLINE_MAX:
-                inline = ""  # too large: the notification names the row only
-            row_id = conn.execute(
-                _POST, {**values, "channel": f"kx_{target}", "inline": inline}
-            ).scalar_one()  # fmt: skip
-            return int(row_id)
-
-        return self.db.write(tx)
-
-    async def send(self, target: str, kind: str, body: dict[str, Any]) -> None:
-        await asyncio.to_thread(self.post, target, kind, body)
-
-    def _take(self, skip: list[int]) -> list[Any]:
-        query = (
-            select(mailbox.c.id, mailbox.c.kind, mailbox.c.body)
-            .where(mailbox.c.target == self.id)
-            .order_by(mailbox.c.id)
-            .limit(BATCH)
-        )
-        if skip:
-            query = query.where(mailbox.c.id.not_in(skip))
-        return self.db.read(lambda c: list(c.execute(query)))
-
-    def _done(self, ids: list[int]) -> None:
-        self.db.write(lambda c: c.execute(delete(mailbox).where(mailbox.c.id.in_(ids))))
-
-    async def drain(self, *, sweeping: bool = False) -> int:
-        """Handle every row waiting for this replica, oldest first. A handled row is deleted by
-        the next sweep (off the delivery path) and skipped until then; one that a crash left
-        undeleted is handed over again (at least once), or pruned with its dead replica."""
-        handled = 0
-        async with self._drain_lock:
-            if sweeping and self._handled:
-                done = sorted(self._handled)
-                await asyncio.to_thread(self._done, done)
-                self._handled.difference_update(done)
-            while True:
-                rows = await asyncio.to_thread(self._take, sorted(self._handled))
-                if not rows:
-                    return handled
-                for row in rows:
-                    await self._handle(row.id, row.kind, row.body)
-                handled += len(rows)
-                self.delivered += len(rows)
-                if sweeping:
-                    self.swept += len(rows)
-                if len(self._handled) >= BATCH:
-                    done = sorted(self._handled)
-                    await asyncio.to_thread(self._done, done)
-                    self._handled.difference_update(done)
-                if len(rows) < BATCH:
-                    return handled
-
-    async def _handle(self, row_id: int, kind: str, raw: str) -> None:
-        handler = self.handlers.get(kind)
-        try:
-            body = json.loads(raw)
-            if handler is None:
-                log.warning("mailbox row %s: no handler for %r", row_id, kind)
-            else:
-                await handler(body)
-        except Exception:
-            log.exception("mailbox row %s (%s) failed; dropped", row_id, kind)
-        self._handled.add(row_id)
-
-    async def notified(self, payload: str) -> None:
-        """A notification: ``"<row id>"``, or ``"<row id> <kind> <body>"`` for a frame small
-        enough to ride in it (handled at once, unless the sweep got to its row first)."""
-        head, _, rest = payload.partition(" ")
-        kind, _, raw = rest.partition(" ")
-        if not raw or not (head.isascii() and head.isdigit()):
-            await self.drain()
-            return
-        async with self._drain_lock:
-            row_id = int(head)
-            if row_id in self._handled:
-                return
-            await self._handle(row_id, kind, raw)
-            self.delivered += 1
-
-    def pending(self) -> int:
-        """Rows waiting in this replica's mailbox (not yet handled)."""
-        query = select(func.count()).select_from(mailbox).where(mailbox.c.target == self.id)
-        if self._handled:
-            query = query.where(mailbox.c.id.not_in(sorted(self._handled)))
-        return int(self.db.read(lambda c: c.execute(query).scalar_one()))
-
-    # ------------------------------------------------------------------ background
-
-    async def sweep_forever(self, every: float = SWEEP_S) -> None:
-        while True:
-            await asyncio.sleep(every)
-            try:
-                await self.drain(sweeping=True)
-            except Exception:
-                log.exception("the mailbox sweep failed; it runs again in %gs", every)
-
-    async def listen_forever(self) -> None:
-        """The replica's one LISTEN connection; on any failure, connect again (and drain: what
-        was notified while it was down is in the rows)."""
-        if not self.notify:
-            return
-        import psycopg
-
-        conninfo = self.db.engine.url.set(drivername="postgresql").render_as_string(
-            hide_password=False
-        )
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    conninfo, autocommit=True, application_name=f"kyronix-listen-{self.id}"
-                )
-                async with conn:
-                    await conn.execute(f'LISTEN "{self.channel}"'.encode())
-                    await self.drain()  # what came before LISTEN took effect
-                    async for note in conn.notifies():
-                        await self.notified(note.payload)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning(
-                    "replica %s: the LISTEN connection failed (%s); connecting again",
-                    self.id,
-                    type(exc).__name__,
-                )
-            await asyncio.sleep(0.5)

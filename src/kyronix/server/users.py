@@ -41,6 +41,8 @@ __all__ = [
     "create_link",
     "get_user",
     "is_member",
+    "link_live",
+    "list_users",
     "open_web_session",
     "projects_of",
     "redeem_link",
@@ -213,6 +215,22 @@ def redeem_link(
             return user, None
     user = _new_user(conn, row.login, None, None)
     return user, _first_project(conn, user, initial_credits)
+
+
+def link_live(conn: Connection, secret: bytes, token: str) -> bool:
+    """Whether a sign-in link can still sign in (a read: it spends nothing)."""
+    row = conn.execute(
+        select(signin_links.c.used_at, signin_links.c.expires_at).where(
+            signin_links.c.hash == hash_key(secret, token)
+        )
+    ).first()
+    return row is not None and row.used_at is None and row.expires_at >= now_ms()
+
+
+def list_users(conn: Connection) -> list[tuple[User, list[Project]]]:
+    """Every user, oldest first, with the projects each may see."""
+    rows = conn.execute(select(users).order_by(users.c.created_at, users.c.id))
+    return [(_user(r), projects_of(conn, r.id)) for r in rows]
 
 
 def project_for(conn: Connection, user_id: str, project_id: str) -> Project | None:

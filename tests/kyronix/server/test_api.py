@@ -304,7 +304,7 @@ def test_a_busy_session_is_409_session_busy(make_client: Any) -> None:
 
     state = app.state.kx
     deadline = time.monotonic() + 10
-    while not state.manager.tasks and time.monotonic() < deadline:
+    while not state.runs.running and time.monotonic() < deadline:
         time.sleep(0.01)
     r = client.post(
         "/api/agents/coding", json={"input": "now", "sessionId": sid}, headers=auth(key)
@@ -495,10 +495,8 @@ def test_an_interrupted_run_found_at_start_is_released_and_shown(
     from kyronix.server.runs import RunRequest
 
     # admit a run but never execute it, and open its kiso run as the loop would
-    handle, persona, _ = state.db.write(
-        lambda c: state.manager._admit(c, RunRequest(project, "coding", "lost", sid))
-    )
-    agent = state.manager._agent(persona)
+    handle, persona, _ = state.runs.admission.admit(RunRequest(project, "coding", "lost", sid))
+    agent = state.runs.driver.plan.agent(persona, project)
     with agent.session(sid) as session:
         from kiso.kernel import ModelRef, RunStarted, User
 
@@ -511,7 +509,7 @@ def test_an_interrupted_run_found_at_start_is_released_and_shown(
     state.db.write(
         lambda c: c.execute(update(runs).where(runs.c.id == handle.id).values(owner="srv_gone"))
     )
-    assert state.manager.sweep_at_start() == (1, [])  # interrupted; none to resume
+    assert state.runs.recovery.at_start() == (1, [])  # interrupted; none to resume
     assert state.db.read(lambda c: billing.held(c, project)) == 0
     assert state.db.read(lambda c: billing.balance(c, project)) == 100_000
     row = state.db.read(lambda c: c.execute(select(runs).where(runs.c.id == handle.id)).one())

@@ -144,7 +144,7 @@ def test_with_no_model_configured_an_openai_key_in_the_environment_is_not_used(
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-should-not-be-used")
     client, app = make_client()
-    assert app.state.kx.manager.models.scripted
+    assert app.state.kx.runs.models.scripted
     _, key = project_with_key(app)
     assert (
         client.post("/api/agents/coding", json={"input": "x"}, headers=auth(key)).status_code == 200

@@ -39,7 +39,7 @@ def test_a_tiny_real_model_with_the_kml_grammar_answers_valid_kml(
     )
     (kx_home / "server.json").write_text(json.dumps({"kmlGrammar": True}))
     client, app = make_client()
-    assert not app.state.kx.manager.models.scripted
+    assert not app.state.kx.runs.models.scripted
     _, key = project_with_key(app)
     r = client.post(
         "/api/agents/coding", json={"input": "Create hello.py that prints hello"}, headers=auth(key)

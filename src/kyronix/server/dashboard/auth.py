@@ -24,11 +24,9 @@ from typing import Any
 
 import httpx2
 from fastapi import APIRouter
-from sqlalchemy import Connection, select
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from kyronix.server.accounts import hash_key
 from kyronix.server.dashboard.web import (
     PageError,
     current_user,
@@ -42,8 +40,7 @@ from kyronix.server.dashboard.web import (
     state_of,
     write,
 )
-from kyronix.server.db import now_ms, signin_links
-from kyronix.server.users import redeem_link, sign_in_github, spend_state
+from kyronix.server.users import link_live, redeem_link, sign_in_github, spend_state
 
 __all__ = ["router"]
 
@@ -247,16 +244,6 @@ def _link_token(token: str) -> str:
     return token
 
 
-def _link_live(conn: Connection, secret: bytes, token: str) -> bool:
-    """Whether the link can still sign in (a read: it spends nothing)."""
-    row = conn.execute(
-        select(signin_links.c.used_at, signin_links.c.expires_at).where(
-            signin_links.c.hash == hash_key(secret, token)
-        )
-    ).first()
-    return row is not None and row.used_at is None and row.expires_at >= now_ms()
-
-
 def _used_link() -> SignInFailed:
     return SignInFailed(
         400,
@@ -273,7 +260,7 @@ async def link_page(request: Request, token: str) -> Response:
     """A one-time link's page: a button, so that fetching the link does not spend it."""
     _link_token(token)
     secret = state_of(request).secret
-    if not await read(request, lambda conn: _link_live(conn, secret, token)):
+    if not await read(request, lambda conn: link_live(conn, secret, token)):
         raise _used_link()
     return await render(request, "link.html", {"token": token})
 

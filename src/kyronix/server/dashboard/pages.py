@@ -18,14 +18,14 @@ from typing import Any
 from fastapi import APIRouter
 from markupsafe import Markup
 from pydantic import ValidationError
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from kiso.kernel import SessionNotFoundError
 from kiso.kernel.events import dumps_line
 from kyronix.errors import KyronixUsageError
-from kyronix.server import accounts, billing, custom_agents
+from kyronix.server import accounts, billing, custom_agents, sessions
 from kyronix.server.accounts import Project
 from kyronix.server.dashboard.chart import DAY_MS, daily_spend, spend_svg
 from kyronix.server.dashboard.timeline import timeline
@@ -40,8 +40,8 @@ from kyronix.server.dashboard.web import (
     state_of,
     write,
 )
-from kyronix.server.db import custom_agents as agents_table
-from kyronix.server.db import executions, ledger, now_ms, runs, sessions
+from kyronix.server.db import now_ms
+from kyronix.server.runs import records
 from kyronix.server.schemas import CustomAgentCreate, CustomAgentPatch
 from kyronix.server.users import User, create_project_for, projects_of
 
@@ -492,51 +492,13 @@ async def delete_agent(request: Request, project_id: str, agent_id: str) -> Resp
 
 
 def _usage(conn: Connection, project_id: str, since: int) -> dict[str, Any]:
-    entries = list(
-        conn.execute(
-            select(ledger)
-            .where(ledger.c.project_id == project_id)
-            .order_by(ledger.c.id.desc())
-            .limit(SHOWN)
-        )
-    )
-    recent = [
-        (r.created_at, r.kind, r.amount)
-        for r in conn.execute(
-            select(ledger.c.created_at, ledger.c.kind, ledger.c.amount).where(
-                (ledger.c.project_id == project_id) & (ledger.c.created_at >= since)
-            )
-        )
-    ]
-    rows = list(
-        conn.execute(
-            select(runs, agents_table.c.name.label("agent_name"))
-            .outerjoin(agents_table, agents_table.c.id == runs.c.custom_agent_id)
-            .where(runs.c.project_id == project_id)
-            .order_by(runs.c.created_at.desc(), runs.c.id.desc())
-            .limit(SHOWN)
-        )
-    )
-    totals = conn.execute(
-        select(
-            func.count(),
-            func.coalesce(func.sum(runs.c.usage_input), 0),
-            func.coalesce(func.sum(runs.c.usage_output), 0),
-            func.coalesce(func.sum(runs.c.cost), 0),
-        ).where(runs.c.project_id == project_id)
-    ).one()
     return {
         "balance": billing.balance(conn, project_id),
         "held": billing.held(conn, project_id),
-        "entries": entries,
-        "recent": recent,
-        "runs": rows,
-        "totals": {
-            "runs": int(totals[0]),
-            "input": int(totals[1]),
-            "output": int(totals[2]),
-            "cost": int(totals[3]),
-        },
+        "entries": billing.entries(conn, project_id, newest=SHOWN),
+        "recent": billing.changes_since(conn, project_id, since),
+        "runs": records.page(conn, project_id, limit=SHOWN),
+        "totals": records.totals(conn, project_id),
     }
 
 
@@ -559,37 +521,11 @@ async def usage(request: Request, project_id: str) -> Response:
 # --------------------------------------------------------------------------- sessions
 
 
-def _sessions(conn: Connection, project_id: str) -> list[Any]:
-    count = (
-        select(func.count()).select_from(runs).where(runs.c.session_id == sessions.c.id)
-    ).scalar_subquery()
-    last = (
-        select(runs.c.status)
-        .where(runs.c.session_id == sessions.c.id)
-        .order_by(runs.c.created_at.desc(), runs.c.id.desc())
-        .limit(1)
-    ).scalar_subquery()
-    return list(
-        conn.execute(
-            select(
-                sessions,
-                agents_table.c.name.label("agent_name"),
-                count.label("runs"),
-                last.label("last_status"),
-            )
-            .outerjoin(agents_table, agents_table.c.id == sessions.c.custom_agent_id)
-            .where(sessions.c.project_id == project_id)
-            .order_by(sessions.c.created_at.desc(), sessions.c.id.desc())
-            .limit(SHOWN)
-        )
-    )
-
-
 @router.get(PROJECT + "/sessions")
 @page
 async def sessions_page(request: Request, project_id: str) -> Response:
     user, project = await _member(request, project_id)
-    rows = await read(request, lambda c: _sessions(c, project.id))
+    rows = await read(request, lambda c: sessions.page(c, project.id, SHOWN))
     return await _show(
         request, "sessions.html", {"section": "sessions", "sessions": rows},
         user=user, project=project,
@@ -599,14 +535,7 @@ async def sessions_page(request: Request, project_id: str) -> Response:
 async def _session(request: Request, project: Project, session_id: str) -> Any:
     """The project's session row (a 404 page for a session of another project)."""
 
-    def load(conn: Connection) -> Any:
-        return conn.execute(
-            select(sessions, agents_table.c.name.label("agent_name"))
-            .outerjoin(agents_table, agents_table.c.id == sessions.c.custom_agent_id)
-            .where((sessions.c.id == session_id) & (sessions.c.project_id == project.id))
-        ).first()
-
-    row = await read(request, load)
+    row = await read(request, lambda c: sessions.view(c, project.id, session_id))
     if row is None:
         raise _not_found("session")
     return row
@@ -627,23 +556,8 @@ async def session_page(request: Request, project_id: str, session_id: str) -> Re
     row = await _session(request, project, session_id)
 
     def load(conn: Connection) -> tuple[dict[str, str], list[Any]]:
-        issued = {
-            r.id: r.run_id
-            for r in conn.execute(
-                select(executions.c.id, executions.c.run_id).where(
-                    (executions.c.session_id == session_id)
-                    & (executions.c.project_id == project.id)
-                )
-            )
-        }
-        rows = list(
-            conn.execute(
-                select(runs)
-                .where((runs.c.session_id == session_id) & (runs.c.project_id == project.id))
-                .order_by(runs.c.created_at, runs.c.id)
-            )
-        )
-        return issued, rows
+        issued = records.issued_in(conn, project.id, session_id)
+        return issued, records.page(conn, project.id, session_id=session_id)
 
     issued, run_rows = await read(request, load)
     log = await _log(request, session_id)

@@ -42,7 +42,7 @@ from kiso.kernel.events import (
 )
 from kyronix import kml
 from kyronix.server.agents import asked_text
-from kyronix.server.runs import RESULT_KEY, RESULTS_KEY
+from kyronix.server.sessions import RESULT_KEY, RESULTS_KEY
 
 __all__ = ["Entry", "Fact", "Item", "timeline"]
 

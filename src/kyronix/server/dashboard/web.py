@@ -45,7 +45,7 @@ from kyronix.server.users import (
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
-    from kyronix.server.app import AppState
+    from kyronix.server.state import AppState
 
 __all__ = [
     "SESSION_COOKIE",

@@ -1,0 +1,13 @@
+"""The tunnel relay (docs/tunnel.md): peers, pending requests, replica routing.
+
+:class:`Relay` (:mod:`.core`) decides; :class:`Peer` (:mod:`.peer`) is one authenticated
+connection; :mod:`.pending` holds the requests in flight and the answers kept; :mod:`.remote`
+carries requests between replicas. The ``/ws`` route that feeds it is :mod:`kyronix.server.ws`;
+the relay knows nothing of the application's state.
+"""
+
+from kyronix.server.relay.core import SILENT_S, Relay, ResultsHook
+from kyronix.server.relay.peer import Peer
+from kyronix.server.relay.pending import TunnelFailure
+
+__all__ = ["SILENT_S", "Peer", "Relay", "ResultsHook", "TunnelFailure"]
