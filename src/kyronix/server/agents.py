@@ -47,25 +47,14 @@ __all__ = [
 
 AGENTS = ("coding", "research", "database", "sales")
 
-_FILE_TOOLS = (
-    "read_file",
-    "write_file",
-    "delete_file",
-    "move_file",
-    "copy_file",
-    "list_dir",
-    "create_dir",
-    "write_in_between",
-    "modify_line_between",
-    "delete_line",
-    "read_lines",
-)
 _TOOLSETS: dict[str, tuple[str, ...]] = {
-    "coding": (*_FILE_TOOLS, "terminal", "git_clone", "git_commit", "git_branch"),
-    "research": ("navigate", "click", "type", "screenshot", "http_request"),
-    "database": (*_FILE_TOOLS, "terminal"),
-    "sales": ("http_request", "write_file", "read_file"),
+    "coding": ("files", "terminal", "git"),
+    "research": ("browser", "network"),
+    "database": ("files", "terminal"),
+    "sales": ("network", "write_file", "read_file"),
 }
+"""Each built-in agent's tools: groups of the executer's built-ins (``builtin_groups``, derived
+from the executer's own specs) or single tools."""
 _DESCRIPTIONS = {
     "coding": "Software engineering, debugging, and architecture",
     "research": "Deep dive web research and synthesis",
@@ -217,6 +206,14 @@ def builtin_names() -> frozenset[str]:
     return frozenset(BUILTIN_NAMES)
 
 
+def toolset(agent: str) -> tuple[str, ...]:
+    """The names of a built-in agent's tools, from the executer's specs."""
+    from kyronix.executer.tools import builtin_groups
+
+    groups = builtin_groups()
+    return tuple(n for part in _TOOLSETS[agent] for n in groups.get(part, (part,)))
+
+
 @cache
 def builtin_persona(agent: str) -> Persona:
     tools = _executer_tools()
@@ -224,7 +221,7 @@ def builtin_persona(agent: str) -> Persona:
         id=agent,
         name=agent,
         description=_DESCRIPTIONS[agent],
-        tools=tuple(tools[name] for name in _TOOLSETS[agent]),
+        tools=tuple(tools[name] for name in toolset(agent)),
         guidance=_GUIDANCE[agent],
     )
 

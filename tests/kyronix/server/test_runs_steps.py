@@ -307,3 +307,34 @@ def test_a_charge_is_the_minimum_or_the_price_times_the_multiplier(tmp_path: Pat
     cfg = config(tmp_path)
     assert charge(cfg, None) == cfg.minimum_charge == charge(cfg, 0.0)
     assert charge(cfg, 1.0) == round(cfg.credits_per_usd * cfg.multiplier * 1000)
+
+
+def test_a_tool_the_executer_never_answered_is_an_entry_of_the_executers_own_type() -> None:
+    from kiso.kernel import ExecutionFinished, ExecutionStarted, RunStarted
+    from kiso.kernel.events import ModelRef
+    from kyronix.executer.results import ResultEntry
+    from kyronix.server.runs.tunnel import failed_entry, results_of_run
+
+    entry = failed_entry("terminal", {"command": "ls"}, "exec_1", "no executer", "no_executer")
+    assert ResultEntry.from_dict(entry).to_dict() == entry  # the executer reads it back
+    assert entry["result"]["errorType"] == "no_executer" and entry["result"]["success"] is False
+    events = [
+        RunStarted(run="r1", trigger="api", model=ModelRef("x", "y"), mode="bypass"),
+        ExecutionStarted(
+            run="r1", execution_id="s:2", call_id="c1", name="read_file", input={"path": "a"}
+        ),
+        ExecutionFinished(
+            run="r1",
+            execution_id="s:2",
+            call_id="c1",
+            ok=False,
+            content="the tool crashed",
+            is_error=True,
+            ms=1,
+        ),  # fmt: skip
+    ]
+    (only,) = results_of_run(events, "r1")
+    assert (only["tool"], only["args"], only["result"]["error"]) == (
+        "read_file", {"path": "a"}, "the tool crashed",
+    )  # fmt: skip
+    assert ResultEntry.from_dict(only).result.error_type == "server_error"

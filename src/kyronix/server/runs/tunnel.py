@@ -20,15 +20,24 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-from kiso.kernel import Assistant, ExecutionFinished, RunStarted, SessionStore, SettingChanged
+from kiso.kernel import (
+    Assistant,
+    ExecutionFinished,
+    ExecutionStarted,
+    RunStarted,
+    SessionStore,
+    SettingChanged,
+)
 from kiso.kernel.execution import call_execution_id, request_id_of
 from kiso.kernel.sql import SqlWriter
 from kiso.runtime import Agent, RunEvent, Session
 from kiso.runtime.rules import RulesFile
 from kiso.tools.base import Tool, ToolContext, ToolResult, define_tool
 from kyronix import kml
+from kyronix.executer.results import ResultEntry
+from kyronix.executer.results import ToolResult as ToolResult_
 from kyronix.server.agents import Persona
 from kyronix.server.config import ServerConfig
 from kyronix.server.models import ModelChoice
@@ -40,7 +49,7 @@ from kyronix.server.runs.settle import Settlement
 from kyronix.server.sessions import RESULT_KEY, with_results
 from kyronix.wire import EntryDict
 
-__all__ = ["TIMEOUT_S", "TURNS", "TunnelAgent", "TunnelMode", "results_of_run"]
+__all__ = ["TIMEOUT_S", "TURNS", "TunnelAgent", "TunnelMode", "failed_entry", "results_of_run"]
 
 TIMEOUT_S = 300.0
 """How long one tool's request waits (for an executer to connect, and for its answer)."""
@@ -182,7 +191,7 @@ class TunnelCourse:
                 details={"runId": handle.id, "results": results},
                 texts=list(handle.texts), usage=meter.usage, results=results,
             )  # fmt: skip
-        ids = [str((r.get("result") or {}).get("executionId", "")) for r in results]
+        ids = [r["result"]["executionId"] for r in results]
         outcome = Outcome(
             handle.id, handle.session_id, 200, response=attempt.text, execution_ids=tuple(ids),
             results=results, cost=charge(self.mode.config, meter.usd), usage=meter.usage,
@@ -216,18 +225,44 @@ def _last_run(events: Sequence[Any]) -> str | None:
     return None
 
 
+def failed_entry(
+    tool: str, args: dict[str, Any], execution_id: str, error: str, error_type: str
+) -> EntryDict:
+    """The entry of a tool the executer never answered for: the executer's own result type."""
+    result = ToolResult_(False, "", execution_id, error=error, error_type=error_type)
+    return ResultEntry(tool, {k: str(v) for k, v in args.items()}, result).to_dict()
+
+
+def _is_entry(value: Any) -> TypeGuard[EntryDict]:
+    result = value.get("result") if isinstance(value, dict) else None
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("tool"), str)
+        and isinstance(result, dict)
+        and isinstance(result.get("executionId"), str)
+    )
+
+
 def results_of_run(events: Sequence[Any], run: str) -> list[EntryDict]:
     """The executer's result entries of a kiso run, in order (from its receipts in the log)."""
     out: list[EntryDict] = []
+    started: dict[str, ExecutionStarted] = {}
     inside = False
     for ev in events:
         if isinstance(ev, RunStarted):
             inside = ev.run == run
+        elif inside and isinstance(ev, ExecutionStarted):
+            started[ev.execution_id] = ev
         elif inside and isinstance(ev, ExecutionFinished) and ev.run == run:
             try:
                 entry = json.loads(ev.content)
             except ValueError:
-                entry = {"result": {"success": False, "error": ev.content}}
-            if isinstance(entry, dict):
-                out.append(entry)  # type: ignore[arg-type]
+                entry = None
+            if _is_entry(entry):
+                out.append(entry)
+            else:  # the tool failed before any executer answered
+                call = started.get(ev.execution_id)
+                name = call.name if call is not None else "?"
+                args = dict(call.input) if call is not None else {}
+                out.append(failed_entry(name, args, ev.execution_id, ev.content, "server_error"))
     return out
