@@ -331,7 +331,7 @@ def test_a_tool_the_executer_never_answered_is_an_entry_of_the_executers_own_typ
             content="the tool crashed",
             is_error=True,
             ms=1,
-        ),  # fmt: skip
+        ),
     ]
     (only,) = results_of_run(events, "r1")
     assert (only["tool"], only["args"], only["result"]["error"]) == (
