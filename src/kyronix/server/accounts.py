@@ -19,20 +19,23 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import os
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select, update
+from sqlalchemy.exc import IntegrityError
 
 from kyronix.errors import KyronixError, KyronixUsageError
 from kyronix.server import billing
+from kyronix.server.cluster import tell_every_replica
 from kyronix.server.db import Database, api_keys, now_ms, projects
-from kyronix.server.ratelimit import RateLimiter
+from kyronix.server.ratelimit import FailureThrottle, RateLimiter
 
 __all__ = [
     "KEY_PATTERN",
@@ -51,6 +54,8 @@ __all__ = [
     "lookup_key",
     "rename_project",
     "revoke_key",
+    "revoked_among",
+    "too_many_failures",
 ]
 
 KEY_PREFIX = "kyr_"
@@ -115,45 +120,85 @@ def _project(row: Any) -> Project:
     return Project(row.id, row.name, row.created_at, row.credits)
 
 
-def create_project(conn: Connection, name: str, initial_credits: int) -> Project:
-    """A new project with its initial grant in the ledger (one transaction: the caller's)."""
+def _check_name(name: str) -> None:
     if not PROJECT_NAME.fullmatch(name):
         raise KyronixUsageError(
             f"invalid project name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
             f"starting with a letter or digit"
         )
-    if conn.execute(select(projects.c.id).where(projects.c.name == name)).first():
-        raise KyronixUsageError(f"a project named {name!r} already exists")
+
+
+def _name_taken(owner_id: str, name: str) -> KyronixUsageError:
+    """The refusal of a name the owner already uses: it speaks of the owner's projects only."""
+    whose = "your projects" if owner_id else "the operator's projects"
+    return KyronixUsageError(f"a project named {name!r} already exists among {whose}")
+
+
+def create_project(
+    conn: Connection, name: str, initial_credits: int, *, owner_id: str = ""
+) -> Project:
+    """A new project of ``owner_id`` (a user's id; ``""``: the operator's) with
+    ``initial_credits`` granted in the ledger (one transaction: the caller's). Names are unique
+    per owner: the check, and its refusal, see the owner's own projects only."""
+    _check_name(name)
+    mine = (projects.c.owner_id == owner_id) & (projects.c.name == name)
+    if conn.execute(select(projects.c.id).where(mine)).first():
+        raise _name_taken(owner_id, name)
     pid = f"proj_{secrets.token_hex(8)}"
     at = now_ms()
-    conn.execute(projects.insert().values(id=pid, name=name, created_at=at, credits=0))
+    try:
+        with conn.begin_nested():  # a racing insert of the same name: the same refusal
+            conn.execute(
+                projects.insert().values(
+                    id=pid, name=name, created_at=at, credits=0, owner_id=owner_id
+                )
+            )
+    except IntegrityError:
+        raise _name_taken(owner_id, name) from None
     if initial_credits:
         billing.grant(conn, pid, initial_credits, note="project created")
     return Project(pid, name, at, initial_credits)
 
 
 def rename_project(conn: Connection, project_id: str, name: str) -> Project | None:
-    """Give the project a new name (the rules of :func:`create_project`); None: no project."""
-    if not PROJECT_NAME.fullmatch(name):
-        raise KyronixUsageError(
-            f"invalid project name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
-            f"starting with a letter or digit"
-        )
+    """Give the project a new name (the rules of :func:`create_project`, among its owner's
+    projects); None: no project."""
+    _check_name(name)
+    owner_id = conn.execute(
+        select(projects.c.owner_id).where(projects.c.id == project_id)
+    ).scalar_one_or_none()
+    if owner_id is None:
+        return None
     taken = conn.execute(
-        select(projects.c.id).where((projects.c.name == name) & (projects.c.id != project_id))
+        select(projects.c.id).where(
+            (projects.c.owner_id == owner_id)
+            & (projects.c.name == name)
+            & (projects.c.id != project_id)
+        )
     ).first()
     if taken:
-        raise KyronixUsageError(f"a project named {name!r} already exists")
-    conn.execute(update(projects).where(projects.c.id == project_id).values(name=name))
+        raise _name_taken(owner_id, name)
+    try:
+        with conn.begin_nested():
+            conn.execute(update(projects).where(projects.c.id == project_id).values(name=name))
+    except IntegrityError:
+        raise _name_taken(owner_id, name) from None
     return get_project(conn, project_id)
 
 
 def find_project(conn: Connection, ref: str) -> Project | None:
-    """A project by id or by name."""
-    row = conn.execute(
-        select(projects).where((projects.c.id == ref) | (projects.c.name == ref))
-    ).first()
-    return _project(row) if row is not None else None
+    """A project by id, else by name (the operator's CLI: every owner's projects). A name that
+    several owners use is refused, with the ids to choose from."""
+    row = conn.execute(select(projects).where(projects.c.id == ref)).first()
+    if row is not None:
+        return _project(row)
+    rows = conn.execute(
+        select(projects).where(projects.c.name == ref).order_by(projects.c.created_at)
+    ).all()
+    if len(rows) > 1:
+        ids = ", ".join(r.id for r in rows)
+        raise KyronixUsageError(f"{len(rows)} projects are named {ref!r}; use its id: {ids}")
+    return _project(rows[0]) if rows else None
 
 
 def get_project(conn: Connection, project_id: str) -> Project | None:
@@ -216,6 +261,9 @@ def revoke_key(conn: Connection, ref: str) -> KeyInfo | None:
         return None
     if row.revoked_at is None:
         conn.execute(update(api_keys).where(api_keys.c.id == row.id).values(revoked_at=now_ms()))
+        # every replica closes the key's open connections at once (each also finds it by
+        # itself within half a second: the revocation watch)
+        tell_every_replica(conn, "revoked", {"keyId": row.id})
     return _key(conn.execute(select(api_keys).where(api_keys.c.id == row.id)).one())
 
 
@@ -230,6 +278,20 @@ def lookup_key(conn: Connection, secret: bytes, key: str) -> KeyInfo | None:
     if row is None or not hmac.compare_digest(row.hash, digest) or row.revoked_at is not None:
         return None
     return _key(row)
+
+
+def revoked_among(conn: Connection, key_ids: Collection[str]) -> set[str]:
+    """Those of ``key_ids`` that are revoked (or gone)."""
+    ids = list(key_ids)
+    if not ids:
+        return set()
+    live = {
+        r.id
+        for r in conn.execute(
+            select(api_keys.c.id).where(api_keys.c.id.in_(ids) & api_keys.c.revoked_at.is_(None))
+        )
+    }
+    return set(ids) - live
 
 
 def touch_key(conn: Connection, key_id: str, at: int) -> None:
@@ -269,41 +331,61 @@ def bearer(header: str | None) -> str | None:
 
 class KeyCheck:
     """What :func:`authenticate` needs, once per server: the database, the hashing secret, the
-    rate limiter and when each key's last use was last written. ``background(fn)`` runs a
-    blocking function off the request path (the last-use write)."""
+    rate limiter, the failed-authentication throttle and when each key's last use was last
+    written. ``background(fn)`` runs a blocking function off the request path (the last-use
+    write)."""
 
     def __init__(
         self,
         db: Database,
         secret: bytes,
         limiter: RateLimiter,
+        failures: FailureThrottle,
         background: Callable[[Callable[[], object]], None] | None = None,
     ) -> None:
         self.db = db
         self.secret = secret
         self.limiter = limiter
+        self.failures = failures
         self.background = background
         self.touched: dict[str, int] = {}
 
 
-def authenticate(check: KeyCheck, presented: str | None) -> KeyInfo:
-    """The live key ``presented`` names, or :class:`KeyRefused`: rate limit first (a bucket per
-    presented key), then the shape, the look-up by hash, revocation; last use is recorded at
-    most every :data:`LAST_USE_EVERY_MS`."""
+def too_many_failures(wait: float) -> KeyRefused:
+    seconds = max(1, math.ceil(wait))
+    return KeyRefused(
+        429,
+        "too_many_failures",
+        f"too many failed authentications from this address; try again in {seconds} s",
+        wait,
+    )
+
+
+def authenticate(check: KeyCheck, presented: str | None, client: str | None = None) -> KeyInfo:
+    """The live key ``presented`` names, or :class:`KeyRefused`. In order: the failures of the
+    client's address (an address that failed too often is refused before anything is checked:
+    429 ``too_many_failures``), the rate limit (a bucket per presented key), the key's shape,
+    its look-up by hash, revocation. A malformed, unknown or revoked key counts as a failure of
+    ``client``. Last use is recorded at most every :data:`LAST_USE_EVERY_MS`."""
     if presented is None:
         raise KeyRefused(
             401, "missing_api_key", "send your API key as `Authorization: Bearer kyr_…`"
         )
+    blocked = check.failures.wait(client)
+    if blocked:
+        raise too_many_failures(blocked)
     bucket = hashlib.sha256(presented.encode()).hexdigest()[:32] if presented else "malformed"
     wait = check.limiter.take(bucket)
     if wait:
         raise KeyRefused(429, "rate_limited", "too many requests for this API key; slow down", wait)
     if not KEY_PATTERN.fullmatch(presented):
+        check.failures.failed(client)
         raise KeyRefused(
             401, "invalid_api_key", "not a Kyronix API key: send `Bearer kyr_…` with a valid key"
         )
     info = check.db.read(lambda c: lookup_key(c, check.secret, presented))
     if info is None:
+        check.failures.failed(client)
         raise KeyRefused(401, "invalid_api_key", "this API key is unknown or has been revoked")
     at = now_ms()
     last = check.touched.get(info.id, info.last_used_at or 0)

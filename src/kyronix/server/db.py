@@ -66,9 +66,11 @@ projects = Table(
     "kx_projects",
     metadata,
     Column("id", String(64), primary_key=True),
-    Column("name", String(64), nullable=False, unique=True),
+    Column("name", String(64), nullable=False),  # unique per owner (0008)
     Column("created_at", BigInteger, nullable=False),
     Column("credits", BigInteger, nullable=False),  # millicredits; always the ledger's sum
+    Column("owner_id", String(64), nullable=False, server_default=""),  # a user's id; '': operator
+    UniqueConstraint("owner_id", "name", name="kx_projects_owner_name"),
 )
 
 api_keys = Table(
@@ -186,6 +188,7 @@ users = Table(
     Column("name", String(255)),
     Column("created_at", BigInteger, nullable=False),
     Column("last_seen_at", BigInteger),
+    Column("credits_granted_at", BigInteger),  # when the account got its free credits (0008)
 )
 
 memberships = Table(
@@ -253,6 +256,7 @@ presence = Table(
     Column("replica_id", String(64), nullable=False),
     Column("connected_at", BigInteger, nullable=False),
     Column("seen_at", BigInteger, nullable=False),  # last heard from (its pings)
+    Column("key_id", String(64)),  # the API key of the connection that claimed it (0008)
 )
 """Which replica each connected executer is connected to."""
 
@@ -305,7 +309,16 @@ class Database:
         self.engine.dispose()
 
 
+IDLE_IN_TRANSACTION_MS = 10_000
+"""PostgreSQL ends a server's transaction left idle this long (its process paused: SIGSTOP, a
+VM pause), so its row locks never stall the replicas taking its runs over. Every transaction of
+the server is short: none waits on anything but the database."""
+
+
 def _pool(url: str) -> dict[str, Any]:
     if url.startswith("sqlite") and url not in ("sqlite://", "sqlite:///:memory:"):
         return {"pool_size": 8, "max_overflow": 8}
+    if url.startswith(("postgresql", "postgres")):
+        options = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
+        return {"connect_args": {"options": options}}
     return {}

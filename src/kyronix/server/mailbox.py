@@ -24,9 +24,10 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, insert, select, text
 
+from kyronix.errors import KyronixUsageError
 from kyronix.server.db import Database, mailbox, now_ms
 
-__all__ = ["BATCH", "INLINE_MAX", "SWEEP_S", "Handler", "Mailbox"]
+__all__ = ["BATCH", "INLINE_MAX", "SWEEP_S", "Handler", "Mailbox", "post"]
 
 log = logging.getLogger("kyronix.server")
 
@@ -46,6 +47,22 @@ INLINE_MAX = 7900
 the target handles it without reading the row; the row is there for the sweep either way."""
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def post(conn: Connection, target: str, kind: str, body: dict[str, Any], *, notify: bool) -> int:
+    """Queue a frame for replica ``target`` in the caller's transaction (with its NOTIFY when
+    ``notify``, on PostgreSQL): the row's id."""
+    payload = json.dumps(body, separators=(",", ":"))
+    values = {"target": target, "kind": kind, "body": payload, "created_at": now_ms()}
+    if not notify:
+        return int(
+            conn.execute(insert(mailbox).values(values).returning(mailbox.c.id)).scalar_one()
+        )
+    inline = f" {kind} {payload}"
+    if len(inline.encode()) > INLINE_MAX:
+        inline = ""  # too large: the notification names the row only
+    row_id = conn.execute(_POST, {**values, "channel": f"kx_{target}", "inline": inline})
+    return int(row_id.scalar_one())
 
 
 class Mailbox:
@@ -68,32 +85,14 @@ class Mailbox:
     def on(self, kind: str, handler: Handler) -> None:
         """Handle the rows of ``kind`` with ``handler`` (one handler a kind)."""
         if kind in self.handlers:
-            raise ValueError(f"the mailbox kind {kind!r} already has a handler")
+            raise KyronixUsageError(f"the mailbox kind {kind!r} already has a handler")
         self.handlers[kind] = handler
 
     def post(self, target: str, kind: str, body: dict[str, Any]) -> int:
         """Queue a frame for replica ``target``: a row plus ``NOTIFY kx_<target>`` (its id), in
         one statement and one transaction: the notification goes out at commit, when the row is
         there to read."""
-        payload = json.dumps(body, separators=(",", ":"))
-        values = {"target": target, "kind": kind, "body": payload, "created_at": now_ms()}
-
-        def tx(conn: Connection) -> int:
-            if not self.notify:
-                return int(
-                    conn.execute(
-                        insert(mailbox).values(values).returning(mailbox.c.id)
-                    ).scalar_one()
-                )
-            inline = f" {kind} {payload}"
-            if len(inline.encode()) > INLINE_MAX:
-                inline = ""  # too large: the notification names the row only
-            row_id = conn.execute(
-                _POST, {**values, "channel": f"kx_{target}", "inline": inline}
-            ).scalar_one()  # fmt: skip
-            return int(row_id)
-
-        return self.db.write(tx)
+        return self.db.write(lambda conn: post(conn, target, kind, body, notify=self.notify))
 
     async def send(self, target: str, kind: str, body: dict[str, Any]) -> None:
         await asyncio.to_thread(self.post, target, kind, body)

@@ -7,8 +7,12 @@ only its keyed hash is stored (the API keys' HMAC, :func:`kyronix.server.account
 expires, and it signs in once: redeeming it is one conditional update, so two browsers racing
 with the same link get one session between them.
 
-A user's first sign-in makes their first project (with the server's initial credits, in the
-ledger). A user sees only the projects they are a member of; every dashboard route checks it.
+A user's first sign-in makes their first project, with the server's initial credits (in the
+ledger). Those free credits come once per account, not per project: the first project made for
+the account gets them (``kx_users.credits_granted_at`` records it), later ones start at 0 until
+an operator grants more (``kyronix credits grant``). Project names are unique per owner: one
+user's names neither collide with nor reveal another's. A user sees only the projects they are
+a member of; every dashboard route checks it.
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import base64
 import hashlib
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, delete, insert, select, update
 
 from kyronix.errors import KyronixUsageError
+from kyronix.server import billing
 from kyronix.server.accounts import Project, create_project, get_project, hash_key
 from kyronix.server.db import (
     memberships,
@@ -104,17 +109,30 @@ def add_member(conn: Connection, user_id: str, project_id: str, role: str = "own
 
 
 def create_project_for(conn: Connection, user: User, name: str, initial_credits: int) -> Project:
-    """A new project owned by ``user`` (its grant in the ledger); the caller's transaction."""
-    project = create_project(conn, name, initial_credits)
+    """A new project owned by ``user`` (its name unique among theirs); the caller's transaction.
+    ``initial_credits`` is the account's free grant: the first project made for the account gets
+    it (in the ledger), once; any later one starts at 0. Claiming the grant is one conditional
+    update of the user's row, so two projects made at once grant it once between them."""
+    project = create_project(conn, name, 0, owner_id=user.id)
     add_member(conn, user.id, project.id)
+    if initial_credits > 0:
+        claimed = conn.execute(
+            update(users)
+            .where((users.c.id == user.id) & users.c.credits_granted_at.is_(None))
+            .values(credits_granted_at=project.created_at)
+        )
+        if claimed.rowcount == 1:
+            billing.grant(conn, project.id, initial_credits, note="free credits (once per account)")
+            project = replace(project, credits=initial_credits)
     return project
 
 
 def _first_project(conn: Connection, user: User, initial_credits: int) -> Project:
-    """``<login>`` (or ``<login>-2``, ``-3``… when a project has that name already)."""
+    """``<login>`` (or ``<login>-2``, ``-3``… when the user has a project of that name)."""
     base = re.sub(r"[^A-Za-z0-9._-]", "-", user.login)[:56].strip("._-") or "project"
     name, n = base, 1
-    while conn.execute(select(projects.c.id).where(projects.c.name == name)).first():
+    mine = projects.c.owner_id == user.id
+    while conn.execute(select(projects.c.id).where(mine & (projects.c.name == name))).first():
         n += 1
         name = f"{base}-{n}"
     return create_project_for(conn, user, name, initial_credits)

@@ -57,6 +57,10 @@ TOOL_ROWS = 3
 """Empty Custom Tools rows on a new agent's form."""
 MAX_TOOL_ROWS = 64
 KEY_NAME_MAX = 128
+ONCE_PER_ACCOUNT = (
+    "The free credits come once per account, with its first project; the operator of this "
+    "server grants more (kyronix credits grant {project_id} N)."
+)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -170,7 +174,10 @@ async def create_project(request: Request) -> Response:
     except KyronixUsageError as exc:
         return await _projects_page(request, user, status=400, problem=str(exc), name=name)
     request.session["project_id"] = project.id
-    _flash(request, f"Project {project.name} created with {credits / 1000:g} credits.")
+    said = f"Project {project.name} created with {project.credits / 1000:g} credits."
+    if not project.credits:  # the account's free credits went to its first project
+        said += " " + ONCE_PER_ACCOUNT.format(project_id=project.id)
+    _flash(request, said)
     return _see(f"/dashboard/projects/{project.id}/agents")
 
 
