@@ -1,7 +1,7 @@
 """The tunnel's wire format (docs/tunnel.md), once, for the server, the executer and the SDK.
 
-Standard library only: the runtime SDK imports it without the server's dependencies
-(ARCHITECTURE.md rule 6). Nothing here does I/O.
+Standard library only (and :mod:`kyronix.errors`): the runtime SDK imports it without the
+server's dependencies (ARCHITECTURE.md rule 6). Nothing here does I/O.
 
 * **Ids and limits**: :data:`REQUEST_ID` (a request's ``executionId``, a resolve's
   ``requestId``), :data:`EXECUTER_ID`, the close codes, the longest timeout.
@@ -25,7 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Required, TypedDict
 
+from kyronix.errors import KyronixUsageError
+
 __all__ = [
+    "CLOSE_CLAIMED",
     "CLOSE_RATE_LIMITED",
     "CLOSE_REPLACED",
     "CLOSE_SILENT",
@@ -100,6 +103,8 @@ CLOSE_REPLACED = 4000
 """Another connection of the same executer (same key) took its place."""
 CLOSE_UNAUTHORIZED = 4401
 """The key was refused (missing, unknown, revoked), or revoked while connected."""
+CLOSE_CLAIMED = 4409
+"""The executer id is held by a live connection of another key of the project."""
 CLOSE_SILENT = 4408
 """Nothing heard from the executer for too long."""
 CLOSE_RATE_LIMITED = 4429
@@ -295,7 +300,7 @@ Frame = (
 )
 
 
-class _Bad(Exception):
+class _Bad(KyronixUsageError):
     def __init__(self, reason: str, request_id: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason

@@ -55,11 +55,13 @@ STATUS_OF_CODE = {
     "payload_too_large": 413,
     "idempotency_key_reused": 422,
     "rate_limited": 429,
+    "too_many_failures": 429,
     "internal_error": 500,
     "model_error": 502,
     "invalid_kml": 502,
     "draining": 503,
     "run_interrupted": 503,
+    "storage_unavailable": 503,
 }
 """The HTTP status of each documented code: an SSE ``error`` event carries the body only."""
 

@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from kyronix.executer.executer import KyronixExecuter, Progress, RulingName
 
 __all__ = [
+    "CLOSE_CLAIMED",
     "CLOSE_REFUSED",
     "CLOSE_REPLACED",
     "Tunnel",
@@ -88,6 +89,8 @@ CLOSE_REFUSED = wire.CLOSE_UNAUTHORIZED
 """The server's close code for a missing, unknown or revoked key (4401)."""
 CLOSE_REPLACED = wire.CLOSE_REPLACED
 """The server's close code for a connection another executer of the same id replaced (4000)."""
+CLOSE_CLAIMED = wire.CLOSE_CLAIMED
+"""The server's close code for an executer id another key's live executer holds (4409)."""
 
 HEARTBEAT_S = 15.0
 SILENCE_S = 45.0
@@ -108,8 +111,9 @@ class TunnelRefusedError(KyronixRefusedError):
 
 class TunnelReplacedError(KyronixRunError):
     """Another executer connected with the same project and executer id and the server closed
-    this one (code 4000). Two executers fighting over one id would replace each other forever,
-    so this one stops. ``details`` has ``code`` and ``reason``."""
+    this one (code 4000), or refused this one because another key's live executer holds the id
+    (4409). Two executers fighting over one id would replace each other forever, so this one
+    stops. ``details`` has ``code`` and ``reason``."""
 
 
 EventKind = Literal[
@@ -355,6 +359,13 @@ class Tunnel:
                 f"{self.shown_url} refused the executer's key (close code 4401: "
                 f"{why or 'no reason given'}); check the key (--api-key or KYRONIX_API_KEY) and "
                 f"that it is not revoked",
+                details={"code": code, "reason": why},
+            )
+        if code == CLOSE_CLAIMED:
+            raise TunnelReplacedError(
+                f"{self.shown_url} refused the executer id {self.executer_id!r}: a live "
+                f"executer of another key holds it ({why or 'close code 4409'}); use that key, "
+                f"or give this executer its own --executer-id",
                 details={"code": code, "reason": why},
             )
         if code == CLOSE_REPLACED and not self._stopping:

@@ -28,15 +28,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from kiso.kernel import SessionStore
+from kiso.kernel import SessionStore, StoreError
 from kyronix.server import accounts, api, dashboard, ws
 from kyronix.server.config import ServerConfig, ensure_home
 from kyronix.server.db import Database
-from kyronix.server.errors import ApiError, error_body
-from kyronix.server.ratelimit import RateLimiter
+from kyronix.server.errors import ApiError, error_body, is_storage_failure, storage_unavailable
+from kyronix.server.ratelimit import FailureThrottle, RateLimiter
 from kyronix.server.relay import Relay
 from kyronix.server.runs.pool import SessionPool
 from kyronix.server.runs.results import ResultsRecorder
@@ -82,7 +83,7 @@ def create_app(
         )
     pool = SessionPool(sessions, config.sessions_dir, cluster=cluster)
     recorder = ResultsRecorder(db, pool, cluster=cluster)
-    relay = Relay(on_results=recorder.record, cluster=cluster)
+    relay = Relay(on_results=recorder.record, cluster=cluster, limits=config.tunnel)
     runs = Runs(
         config, db, sessions, choose_model(config), relay=relay, pool=pool, recorder=recorder,
         id_key=hmac.new(secret, b"kyronix tunnel ids", hashlib.sha256).digest(), cluster=cluster,
@@ -90,12 +91,25 @@ def create_app(
     background: set[asyncio.Task[Any]] = set()
 
     def in_background(fn: Callable[[], object]) -> None:
-        task = asyncio.ensure_future(asyncio.to_thread(fn))
+        def quietly() -> None:  # best effort (a key's last use): never an unretrieved error
+            try:
+                fn()
+            except Exception as exc:
+                log.warning("a background write failed (%s)", type(exc).__name__)
+
+        task = asyncio.ensure_future(asyncio.to_thread(quietly))
         background.add(task)
         task.add_done_callback(background.discard)
 
     limiter = RateLimiter(config.rate_per_minute, config.rate_burst)
-    keys = accounts.KeyCheck(db, secret, limiter, in_background)
+    failures = FailureThrottle(config.auth_failures_per_minute, config.auth_failure_burst)
+    keys = accounts.KeyCheck(db, secret, limiter, failures, in_background)
+    if cluster is not None:  # a key revoked anywhere: its connections here close at once
+
+        async def revoked(body: dict[str, Any]) -> None:
+            await relay.close_key(str(body["keyId"]), "the API key was revoked")
+
+        cluster.on("revoked", revoked)
     state = AppState(
         config=config, db=db, store=sessions, runs=runs, relay=relay, keys=keys, secret=secret,
         background=background,
@@ -112,6 +126,7 @@ def create_app(
             log.info("replica %s of the database's servers", cluster.id)
         tasks += await runs.startup()
         tasks.append(loop.create_task(relay.heartbeat_forever()))
+        tasks.append(loop.create_task(ws.watch_revocations(state)))
         try:
             yield
         finally:
@@ -182,12 +197,27 @@ def _api_errors(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> Response:
-        codes = {404: "not_found", 405: "method_not_allowed"}
+        codes = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
         code = codes.get(exc.status_code, "http_error")
         message = str(exc.detail) if exc.detail else code
         return JSONResponse(
             error_body(code, message), status_code=exc.status_code, headers=dict(exc.headers or {})
         )
+
+    async def _storage(request: Request, exc: Exception) -> Response:
+        """A database that cannot write (its disk full or failing): the one clear 503, no
+        traceback. (Handled here, by type: Starlette's catch-all would log a traceback.)"""
+        if not is_storage_failure(exc):
+            return await _bug(request, exc)
+        log.error(
+            "%s %s: the database cannot write (%s)", request.method, request.url.path,
+            type(exc).__name__,
+        )  # fmt: skip
+        failed = storage_unavailable()
+        return JSONResponse(failed.body, status_code=failed.status, headers=failed.headers)
+
+    for kind in (OperationalError, StoreError, OSError):
+        app.add_exception_handler(kind, _storage)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> Response:

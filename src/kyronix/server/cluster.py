@@ -22,12 +22,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from kiso.kernel.sql import process_identity, this_process, writers
 from kyronix.server.db import Database, mailbox, now_ms, presence, replicas
-from kyronix.server.mailbox import SWEEP_S, Handler, Mailbox
+from kyronix.server.mailbox import SWEEP_S, Handler, Mailbox, post
 
-__all__ = ["SILENT_S", "SWEEP_S", "Cluster", "Where"]
+__all__ = ["SILENT_S", "SWEEP_S", "Cluster", "Where", "tell_every_replica"]
 
 log = logging.getLogger("kyronix.server")
 
@@ -39,6 +40,16 @@ by the replica it names, and the request is routed again)."""
 
 Where = tuple[str, str]
 """(replica id, executer id): where an executer is connected."""
+
+
+def tell_every_replica(conn: Connection, kind: str, body: dict[str, Any]) -> int:
+    """Post a frame to every registered replica, in the caller's transaction (with NOTIFY on
+    PostgreSQL; on SQLite no replica registers, and this posts nothing). How many."""
+    targets = [r.id for r in conn.execute(select(replicas.c.id))]
+    notify = conn.dialect.name == "postgresql"
+    for target in targets:
+        post(conn, target, kind, body, notify=notify)
+    return len(targets)
 
 
 class Cluster:
@@ -233,6 +244,47 @@ class Cluster:
                 )
 
         self.db.write(tx)
+
+    def claim(self, project_id: str, executer_id: str, key_id: str | None) -> bool:
+        """Make this replica the executer's (it connected here with ``key_id``), unless a live
+        connection of another key holds the id on another live replica: then False. One
+        transaction, the row locked: two replicas claiming at once take turns."""
+        at = now_ms()
+        fresh_seen = at - int(SILENT_S * 1000)
+        fresh_beat = at - int(self.timeout * 1000)
+        where = (presence.c.project_id == project_id) & (presence.c.executer_id == executer_id)
+
+        def tx(conn: Connection) -> bool:
+            query = select(presence).where(where)
+            if not self.db.is_sqlite:
+                query = query.with_for_update()
+            row = conn.execute(query).first()
+            if row is None:
+                conn.execute(
+                    insert(presence).values(
+                        project_id=project_id, executer_id=executer_id, replica_id=self.id,
+                        key_id=key_id, connected_at=at, seen_at=at,
+                    )
+                )  # fmt: skip
+                return True
+            if row.key_id not in (None, key_id) and row.replica_id != self.id:
+                holder = conn.execute(
+                    select(replicas.c.heartbeat_at).where(replicas.c.id == row.replica_id)
+                ).first()
+                alive = holder is not None and holder.heartbeat_at > fresh_beat
+                if alive and row.seen_at > fresh_seen:
+                    return False
+            conn.execute(
+                update(presence)
+                .where(where)
+                .values(replica_id=self.id, key_id=key_id, connected_at=at, seen_at=at)
+            )
+            return True
+
+        try:
+            return bool(self.db.write(tx))
+        except IntegrityError:  # another replica inserted the row first: judge by it
+            return bool(self.db.write(tx))
 
     def withdraw(self, project_id: str, executer_id: str) -> None:
         """The executer left this replica (a row another replica has since taken is kept)."""

@@ -13,7 +13,16 @@ State lives in ``$KYRONIX_HOME`` (default ``~/.kyronix``, created 0700):
     {"multiplier": 1.5, "minimumCharge": 0.5, "initialCredits": 100, "creditsPerUsd": 85,
      "hold": 5, "holdTtl": 900, "runTimeout": 600, "drainTimeout": 30,
      "rateLimit": {"perMinute": 600, "burst": 120}, "cors": ["https://app.example"],
-     "scriptedDelayMs": 0, "kmlGrammar": false, "maxBody": 1048576}
+     "scriptedDelayMs": 0, "kmlGrammar": false, "maxBody": 1048576,
+     "authFailures": {"perMinute": 30, "burst": 20},
+     "tunnel": {"maxFrameBytes": 4194304, "framesPerSecond": 200, "frameBurst": 400,
+                "maxPending": 256, "maxPendingPerProject": 1024, "keptBytes": 67108864,
+                "keptBytesPerProject": 16777216, "orphanTimeout": 60, "maxRefused": 100}}
+
+``authFailures``: failed authentications (an unknown, malformed or revoked key, a used sign-in
+link) each client address may make, as a token bucket; past it, 429 / close 4429 with
+``Retry-After``. ``tunnel``: the limits of one ``/ws`` connection and of one project on it
+(docs/tunnel.md, "Limits").
 
 Environment variables override the file: ``KYRONIX_DATABASE_URL`` (``--db`` wins over it),
 ``KYRONIX_MODEL`` (a profile name or
@@ -40,6 +49,7 @@ from kyronix.errors import KyronixUsageError
 __all__ = [
     "MILLI",
     "ServerConfig",
+    "TunnelLimits",
     "check_db_url",
     "kyronix_home",
     "load_server_config",
@@ -74,6 +84,32 @@ def ensure_home(home: Path) -> Path:
 
 
 @dataclass(frozen=True)
+class TunnelLimits:
+    """What one tunnel connection, and one project, may take of the server (docs/tunnel.md)."""
+
+    max_frame: int = 4 * 1024 * 1024
+    """The largest frame, in bytes (a larger one closes the connection: 1009)."""
+    frames_per_second: float = 200.0
+    frame_burst: int = 400
+    """A token bucket of frames per connection: past it, an ``error`` frame ``rate_limited``;
+    as many frames again while limited, and the connection is closed (1008)."""
+    max_pending: int = 256
+    """Requests one runtime connection may have in flight."""
+    max_pending_project: int = 1024
+    """Requests one project may have in flight, over all its connections."""
+    kept_bytes: int = 64 * 1024 * 1024
+    """Bytes of answered results the relay keeps for re-sent requests, all projects."""
+    kept_bytes_project: int = 16 * 1024 * 1024
+    """The same, for one project (the oldest go first)."""
+    orphan_s: float = 60.0
+    """Seconds a request nobody waits for any more (its runtime connection went away) stays
+    pending; the runtime may send it again, the executer's receipts answer it."""
+    max_refused: int = 100
+    """Frames a connection may have refused (results of requests it was not sent, over the rate)
+    before it is closed (1008)."""
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     home: Path
     db_url: str | None = None
@@ -95,6 +131,10 @@ class ServerConfig:
     drain_timeout: float = 30.0
     rate_per_minute: float = 600.0
     rate_burst: int = 120
+    auth_failures_per_minute: float = 30.0
+    auth_failure_burst: int = 20
+    """Failed authentications per client address (a token bucket; past it 429 / 4429)."""
+    tunnel: TunnelLimits = field(default_factory=TunnelLimits)
     cors: tuple[str, ...] = ()
     scripted_delay_ms: int = 0
     kml_grammar: bool = False
@@ -161,6 +201,19 @@ _KEYS = {
     "sweepInterval": "seconds > 0",
     "replicaTimeout": "seconds > 0",
     "notify": "true or false",
+    "authFailures": 'an object {"perMinute": number, "burst": integer}',
+    "tunnel": "an object of tunnel limits (docs/tunnel.md)",
+}
+_TUNNEL = {
+    "maxFrameBytes": ("max_frame", 1024, int),
+    "framesPerSecond": ("frames_per_second", 0.001, float),
+    "frameBurst": ("frame_burst", 1, int),
+    "maxPending": ("max_pending", 1, int),
+    "maxPendingPerProject": ("max_pending_project", 1, int),
+    "keptBytes": ("kept_bytes", 0, int),
+    "keptBytesPerProject": ("kept_bytes_project", 0, int),
+    "orphanTimeout": ("orphan_s", 0.001, float),
+    "maxRefused": ("max_refused", 1, int),
 }
 
 
@@ -184,6 +237,24 @@ def _number(path: Path, key: str, value: Any, *, low: float, strict: bool = Fals
     if not ok or value < low or (strict and value == low):
         raise KyronixUsageError(f"{path}: {key}: must be {_KEYS[key]}, got {value!r}")
     return float(value)
+
+
+def _tunnel(path: Path, value: Any) -> TunnelLimits:
+    if not isinstance(value, dict):
+        raise KyronixUsageError(f"{path}: tunnel: must be {_KEYS['tunnel']}")
+    changes: dict[str, Any] = {}
+    for name, given in value.items():
+        if name not in _TUNNEL:
+            raise KyronixUsageError(
+                f"{path}: tunnel: unknown key {name!r}; known keys: {', '.join(sorted(_TUNNEL))}"
+            )
+        field_name, low, kind = _TUNNEL[name]
+        ok = isinstance(given, int | float) and not isinstance(given, bool)
+        if not ok or given < low or (kind is int and given != int(given)):
+            want = f"an integer >= {low:g}" if kind is int else f"a number >= {low:g}"
+            raise KyronixUsageError(f"{path}: tunnel.{name}: must be {want}, got {given!r}")
+        changes[field_name] = kind(given)
+    return replace(TunnelLimits(), **changes)
 
 
 def _milli(value: float) -> int:
@@ -249,6 +320,17 @@ def load_server_config(
                 )
             if "burst" in value:
                 changes["rate_burst"] = int(_number(path, key, value["burst"], low=1))
+        elif key == "authFailures":
+            if not isinstance(value, dict) or set(value) - {"perMinute", "burst"}:
+                raise KyronixUsageError(f"{path}: authFailures: must be {_KEYS[key]}")
+            if "perMinute" in value:
+                changes["auth_failures_per_minute"] = _number(
+                    path, key, value["perMinute"], low=0, strict=True
+                )
+            if "burst" in value:
+                changes["auth_failure_burst"] = int(_number(path, key, value["burst"], low=1))
+        elif key == "tunnel":
+            changes["tunnel"] = _tunnel(path, value)
         elif key == "cors":
             if not isinstance(value, list) or not all(isinstance(o, str) for o in value):
                 raise KyronixUsageError(f"{path}: cors: must be {_KEYS[key]}")

@@ -135,6 +135,7 @@ def serve(
             log_level="info",
             access_log=False,
             timeout_graceful_shutdown=max(1, int(config.drain_timeout)),
+            ws_max_size=config.tunnel.max_frame,  # a larger frame closes its connection: 1009
             lifespan="on",
         )
         server = Server(uv)

@@ -83,8 +83,11 @@ async def principal(
         str | None, Header(description="Bearer kyr_… (the project's API key)")
     ] = None,
 ) -> Principal:
+    client = request.client.host if request.client is not None else None
     try:
-        info = accounts.authenticate(app_state(request).keys, accounts.bearer(authorization))
+        info = accounts.authenticate(
+            app_state(request).keys, accounts.bearer(authorization), client
+        )
     except accounts.KeyRefused as exc:
         if exc.retry_after is not None:
             raise ApiError(

@@ -3,16 +3,24 @@ and handed to the relay (docs/tunnel.md).
 
 Authentication is a Bearer header on the upgrade (role and executer id in the query string) or a
 first ``auth`` frame within :data:`AUTH_WAIT_S` seconds; the key is checked by
-:func:`kyronix.server.accounts.authenticate`, as for HTTP. A refusal closes with 4401 (4429 when
-rate limited), and the reason says why. A frame that is not what the protocol says gets an
-``error`` frame (``bad_frame``, or ``forbidden`` for a frame the connection's role may not send);
-the connection lives on.
+:func:`kyronix.server.accounts.authenticate`, as for HTTP (with the failures of the client's
+address counted). A refusal closes with 4401, or 4429 when throttled; an executer id held by
+another key's live connection closes with 4409.
+
+Every frame first spends a token of the connection's budget (``tunnel.framesPerSecond``): over
+it, the frame is dropped unread and the connection told ``rate_limited``; as many frames again
+and it is closed (1008). A frame over ``tunnel.maxFrameBytes`` closes it (1009). A frame that is
+not what the protocol says gets an ``error`` frame (``bad_frame``, or ``forbidden`` for a frame
+the connection's role may not send), and an answer to something the relay never asked this
+connection is refused (``unknown_request``): the connection lives on, up to
+``tunnel.maxRefused`` refusals.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -23,14 +31,19 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from kyronix import wire
 from kyronix.server import accounts
 from kyronix.server.relay import Peer, Relay, TunnelFailure
+from kyronix.server.relay.core import CLOSE_CLAIMED
+from kyronix.server.relay.peer import CLOSE_POLICY, FrameBudget, Verdict
 from kyronix.server.relay.pending import Answer
 from kyronix.server.state import AppState
 
-__all__ = ["AUTH_WAIT_S", "websocket_endpoint"]
+__all__ = ["AUTH_WAIT_S", "REVOKE_POLL_S", "watch_revocations", "websocket_endpoint"]
 
 log = logging.getLogger("kyronix.server")
 
 AUTH_WAIT_S = 10.0
+REVOKE_POLL_S = 0.5
+"""How often the keys of open connections are checked for revocation."""
+CLOSE_TOO_BIG = 1009
 KNOWN = frozenset().union(*wire.SENT_BY.values()) | {"auth"}
 
 
@@ -45,22 +58,20 @@ async def websocket_endpoint(ws: WebSocket) -> None:
     if peer is None:
         return
     relay = state.relay
+    relay.connect(peer)
+    if peer.role == "executer":
+        refused = await relay.claim(peer)
+        if refused is not None:
+            relay.detach(peer)
+            await peer.close(CLOSE_CLAIMED, refused)
+            return
     await peer.send(wire.ready(peer.role, peer.project_id, peer.executer_id))
     if peer.role == "executer":
         await relay.attach_executer(peer)
         log.info("executer %s of project %s connected", peer.executer_id, peer.project_id)
     waiters: dict[str, Any] = {}
     try:
-        while True:
-            try:
-                text = await ws.receive_text()
-            except (WebSocketDisconnect, RuntimeError):
-                break
-            except KeyError:  # a binary frame
-                await peer.send(wire.error("bad_frame", "send JSON text frames, not binary"))
-                continue
-            peer.seen = time.monotonic()
-            await _dispatch(relay, peer, text, waiters)
+        await _serve(ws, state, peer, waiters)
     finally:
         peer.closed = True
         for waiter in waiters.values():
@@ -70,11 +81,47 @@ async def websocket_endpoint(ws: WebSocket) -> None:
             log.info("executer %s of project %s disconnected", peer.executer_id, peer.project_id)
 
 
+async def _serve(ws: WebSocket, state: AppState, peer: Peer, waiters: dict[str, Any]) -> None:
+    limits = state.config.tunnel
+    while not peer.closed:
+        try:
+            text = await ws.receive_text()
+        except (WebSocketDisconnect, RuntimeError):
+            return
+        except KeyError:  # a binary frame
+            text = None
+        now = time.monotonic()
+        peer.seen = now
+        verdict = peer.budget.take(now)
+        if verdict is Verdict.CLOSE:
+            log.info("a connection of project %s closed: over its frame rate", peer.project_id)
+            await peer.close(CLOSE_POLICY, "too many frames: over the rate limit for too long")
+            return
+        if verdict is Verdict.LIMITED:
+            if peer.budget.tell(now):
+                after = round(peer.budget.retry_after(), 3)
+                message = "too many frames; this one and the next are dropped until the rate falls"
+                await peer.send(wire.error("rate_limited", message, retryAfter=after))
+            continue
+        if text is None:
+            await peer.send(wire.error("bad_frame", "send JSON text frames, not binary"))
+            continue
+        if len(text) > limits.max_frame:
+            await peer.close(CLOSE_TOO_BIG, f"a frame is at most {limits.max_frame} bytes")
+            return
+        if not await _dispatch(state.relay, peer, text, waiters):
+            peer.refused += 1
+            if peer.refused > limits.max_refused:
+                await peer.close(CLOSE_POLICY, "too many refused frames")
+                return
+
+
 async def _authenticate(ws: WebSocket, state: AppState) -> Peer | None:
-    """The connection's peer, or None after closing it (4401, or 4429 when rate limited)."""
+    """The connection's peer, or None after closing it (4401, or 4429 when throttled)."""
     header = ws.headers.get("authorization")
     role: Any = ws.query_params.get("role", "runtime")
     executer_id: Any = ws.query_params.get("executerId")
+    client = ws.client.host if ws.client is not None else None
     key = accounts.bearer(header)
     if key is None:
         try:
@@ -95,7 +142,7 @@ async def _authenticate(ws: WebSocket, state: AppState) -> Peer | None:
         await _refuse(ws, f"executerId must match {wire.EXECUTER_ID.pattern}")
         return None
     try:
-        info = accounts.authenticate(state.keys, key)
+        info = accounts.authenticate(state.keys, key, client)
     except accounts.KeyRefused as exc:
         if exc.retry_after is not None:
             seconds = max(1, math.ceil(exc.retry_after))
@@ -105,9 +152,12 @@ async def _authenticate(ws: WebSocket, state: AppState) -> Peer | None:
         return None
     if role == "executer" and executer_id is None:
         executer_id = wire.DEFAULT_EXECUTER
+    limits = state.config.tunnel
     return Peer(
-        ws, role, info.project_id, executer_id if role == "executer" else None, key_id=info.id
-    )
+        ws, role, info.project_id, executer_id if role == "executer" else None,
+        key_id=info.id, address=client,
+        budget=FrameBudget(limits.frames_per_second, float(limits.frame_burst)),
+    )  # fmt: skip
 
 
 async def _refuse(ws: WebSocket, reason: str, code: int = wire.CLOSE_UNAUTHORIZED) -> None:
@@ -115,15 +165,17 @@ async def _refuse(ws: WebSocket, reason: str, code: int = wire.CLOSE_UNAUTHORIZE
         await ws.close(code=code, reason=reason[:120])
 
 
-async def _dispatch(relay: Relay, peer: Peer, text: str, waiters: dict[str, Any]) -> None:
+async def _dispatch(relay: Relay, peer: Peer, text: str, waiters: dict[str, Any]) -> bool:
+    """Hand one frame to the relay; False when it was refused (it counts against the
+    connection)."""
     data = wire.decode(text)
     if isinstance(data, wire.BadFrame):
         await peer.send(wire.error("bad_frame", data.reason))
-        return
+        return True
     kind = data["type"]
     if kind not in KNOWN:
         await peer.send(wire.error("bad_frame", f"unknown frame type {kind!r:.40}"))
-        return
+        return True
     if kind not in wire.SENT_BY[peer.role]:
         eid = data.get("executionId")
         await peer.send(
@@ -134,7 +186,7 @@ async def _dispatch(relay: Relay, peer: Peer, text: str, waiters: dict[str, Any]
                 execution_id=eid if isinstance(eid, str) else None,
             )
         )
-        return
+        return False
     frame = wire.from_dict(data)
     if isinstance(frame, wire.BadFrame):
         await peer.send(wire.error("bad_frame", frame.reason, execution_id=frame.request_id))
@@ -143,18 +195,38 @@ async def _dispatch(relay: Relay, peer: Peer, text: str, waiters: dict[str, Any]
     elif isinstance(frame, wire.KmlRequest):
         await _kml_request(relay, peer, frame, waiters)
     elif isinstance(frame, wire.KmlResult):
-        await relay.result(peer, frame)
+        if not await relay.result(peer, frame, len(text)):
+            await peer.send(_unknown_request(frame.request_id))
+            return False
     elif isinstance(frame, wire.KmlProgress):
-        await relay.progress(peer, frame)
+        return await relay.progress(peer, frame)
     elif isinstance(frame, wire.Resolve):
         if frame.resolution not in wire.RULINGS:
             await peer.send(
                 wire.error("bad_frame", "resolve: 'resolution' must be rerun, skipped or applied")
             )
-            return
+            return True
         await relay.resolve(peer, frame)
-    elif isinstance(frame, wire.Resolved | wire.ErrorFrame):  # an executer's answer to a resolve
-        await relay.resolved(peer, frame)
+    elif isinstance(frame, wire.Resolved | wire.ErrorFrame) and not await relay.resolved(
+        peer, frame
+    ):  # an executer's answer to a resolve it was not sent
+        await peer.send(_unknown_request(frame.request_id or "?", "resolve"))
+        return False
+    return True
+
+
+def _revoked(keys: set[str], conn: Any) -> set[str]:
+    return accounts.revoked_among(conn, keys)
+
+
+def _unknown_request(request_id: str, what: str = "request") -> dict[str, Any]:
+    return wire.error(
+        "unknown_request",
+        f"no {what} {request_id!r} was sent to this connection, or it was answered already: "
+        f"the answer was refused and recorded nowhere",
+        execution_id=request_id if what == "request" else None,
+        request_id=request_id if what != "request" else None,
+    )
 
 
 async def _kml_request(
@@ -172,8 +244,28 @@ async def _kml_request(
     try:
         await relay.request(
             peer.project_id, request_id, frame.kml, waiter, executer_id=frame.executer_id,
-            timeout=frame.timeout or wire.DEFAULT_TIMEOUT_S,
+            timeout=frame.timeout or wire.DEFAULT_TIMEOUT_S, asker=peer,
         )  # fmt: skip
     except TunnelFailure as exc:
         waiters.pop(request_id, None)
         await peer.send(wire.error(exc.code, exc.message, execution_id=request_id))
+
+
+async def watch_revocations(state: AppState, every: float = REVOKE_POLL_S) -> None:
+    """Close, within ``every`` seconds, the connections whose key was revoked (by the CLI, the
+    dashboard, or another replica's): the key check is not only at the door."""
+    relay = state.relay
+    while True:
+        await asyncio.sleep(every)
+        keys = relay.key_ids()
+        if not keys:
+            continue
+        try:
+            revoked = await asyncio.to_thread(state.db.read, functools.partial(_revoked, keys))
+        except Exception:
+            log.warning("could not check the open connections' keys; trying again")
+            continue
+        for key_id in revoked:
+            closed = await relay.close_key(key_id, "the API key was revoked")
+            if closed:
+                log.info("closed %d tunnel connection(s) of a revoked key", closed)

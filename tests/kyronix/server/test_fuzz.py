@@ -27,7 +27,9 @@ KNOWN: dict[str, list[str]] = {"agent": ["coding", "research", "database", "sale
 
 
 def _operations(tmp_path: Path) -> tuple[Any, list[Any], str, TestClient]:
-    app = create_app(config(tmp_path / "fuzz-home", rate_burst=10**6))
+    # the rate limit and the failed-authentication throttle have tests of their own; here every
+    # guess must reach the check it fuzzes
+    app = create_app(config(tmp_path / "fuzz-home", rate_burst=10**6, auth_failure_burst=10**6))
     client = TestClient(app, raise_server_exceptions=False)
     client.__enter__()
     _, key = project_with_key(app, "fuzz", credits=10**9)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -109,7 +110,10 @@ async def _signin_page(request: Request, *, status: int = 200) -> Response:
 
 
 class SignInFailed(PageError):
-    """A sign-in that did not happen: its page says why and offers to try again."""
+    """A sign-in that did not happen: its page says why and offers to try again (after
+    ``retry_after`` seconds, when throttled)."""
+
+    retry_after: int | None = None
 
 
 def _refused(message: str) -> SignInFailed:
@@ -126,7 +130,7 @@ def _failures(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable
         except SignInFailed as exc:
             _drop_flow(request)
             github = state_of(request).config.github_enabled
-            return await render(
+            page = await render(
                 request,
                 "signin_failed.html",
                 {
@@ -137,6 +141,9 @@ def _failures(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable
                 },
                 status=exc.status,
             )
+            if exc.retry_after is not None:
+                page.headers["Retry-After"] = str(exc.retry_after)
+            return page
 
     return wrapped
 
@@ -238,12 +245,6 @@ async def _github_user(client: Any, token: dict[str, Any]) -> tuple[str, str, st
     return str(gid), login, name if isinstance(name, str) and name else None
 
 
-def _link_token(token: str) -> str:
-    if not token.startswith("kxs_") or len(token) > 64:
-        raise _used_link()
-    return token
-
-
 def _used_link() -> SignInFailed:
     return SignInFailed(
         400,
@@ -253,15 +254,38 @@ def _used_link() -> SignInFailed:
     )
 
 
+def _throttle(request: Request) -> None:
+    """An address that failed too many sign-ins (links, keys) waits before it may try again."""
+    client = request.client.host if request.client is not None else None
+    wait = state_of(request).keys.failures.wait(client)
+    if wait:
+        seconds = max(1, math.ceil(wait))
+        refused = SignInFailed(
+            429,
+            "Too many attempts",
+            f"too many failed sign-ins from this address; try again in {seconds} s",
+        )
+        refused.retry_after = seconds
+        raise refused
+
+
+def _failed_link(request: Request) -> SignInFailed:
+    client = request.client.host if request.client is not None else None
+    state_of(request).keys.failures.failed(client)
+    return _used_link()
+
+
 @router.get("/signin/{token}")
 @page
 @_failures
 async def link_page(request: Request, token: str) -> Response:
     """A one-time link's page: a button, so that fetching the link does not spend it."""
-    _link_token(token)
+    _throttle(request)
+    if not token.startswith("kxs_") or len(token) > 64:
+        raise _failed_link(request)
     secret = state_of(request).secret
     if not await read(request, lambda conn: link_live(conn, secret, token)):
-        raise _used_link()
+        raise _failed_link(request)
     return await render(request, "link.html", {"token": token})
 
 
@@ -271,12 +295,14 @@ async def link_page(request: Request, token: str) -> Response:
 async def link_redeem(request: Request, token: str) -> Response:
     """Spend the link and sign in as its user."""
     await form_data(request)  # the CSRF token of the page's session
-    _link_token(token)
+    _throttle(request)
+    if not token.startswith("kxs_") or len(token) > 64:
+        raise _failed_link(request)
     state = state_of(request)
     secret, initial = state.secret, state.config.initial_credits
     found = await write(request, lambda conn: redeem_link(conn, secret, token, initial))
     if found is None:
-        raise _used_link()
+        raise _failed_link(request)
     await sign_in(request, found[0])
     return RedirectResponse("/dashboard", status_code=303)
 

@@ -8,12 +8,18 @@ several replicas, executers on other replicas are reached through :mod:`.remote`
 It knows connections only as :class:`~.peer.Peer` s and frames only as :mod:`kyronix.wire`
 values: the ``/ws`` route (:mod:`kyronix.server.ws`) authenticates and parses, the relay
 decides. Frames for another project never cross: every look-up is keyed by the project.
+
+It believes a connection only for answers to what it asked that connection: a ``kml_result``
+(or progress, or the answer to a ``resolve``) counts only from the executer connection the
+request was sent to, and only once; anything else is refused and recorded nowhere. An executer
+id belongs to the key that claimed it while its connection lives: another key's connection
+cannot take it (4409); the same key's new connection replaces the old one (4000: after a dropped
+TCP connection the server may not have noticed yet that the old one is dead).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -21,6 +27,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kyronix import wire
+from kyronix.server.config import TunnelLimits
+from kyronix.server.relay.connections import Connections, no_executer_message
 from kyronix.server.relay.peer import Peer
 from kyronix.server.relay.pending import (
     Answer,
@@ -35,13 +43,15 @@ from kyronix.server.relay.remote import Remote, ReplicaSink
 if TYPE_CHECKING:
     from kyronix.server.cluster import Cluster, Where
 
-__all__ = ["SILENT_S", "Relay", "ResultsHook"]
+__all__ = ["CLOSE_CLAIMED", "SILENT_S", "Relay", "ResultsHook"]
 
 log = logging.getLogger("kyronix.server")
 
 SILENT_S = 45.0
 """An executer heard nothing from for this long is dropped (it pings every 15 s)."""
 HEARTBEAT_S = 15.0
+CLOSE_CLAIMED = wire.CLOSE_CLAIMED
+"""The executer id is held by another key's live connection."""
 
 ResultsHook = Callable[[str, str, Sequence[wire.EntryDict]], Awaitable[None]]
 """``hook(project_id, request_id, results)``: record a runtime client's results (before the
@@ -54,120 +64,75 @@ class _Sink(Protocol):
 
 class Relay:
     def __init__(
-        self, on_results: ResultsHook | None = None, cluster: Cluster | None = None
+        self,
+        on_results: ResultsHook | None = None,
+        cluster: Cluster | None = None,
+        limits: TunnelLimits | None = None,
     ) -> None:
-        self.executers: dict[tuple[str, str], Peer] = {}
-        self.requests = Requests()
-        self.resolves: dict[tuple[str, str], _Sink] = {}
+        self.limits = limits or TunnelLimits()
+        self.connections = Connections(cluster)
+        self.requests = Requests(
+            kept_bytes=self.limits.kept_bytes, kept_bytes_project=self.limits.kept_bytes_project
+        )
+        self.resolves: dict[tuple[str, str], tuple[_Sink, Peer | None]] = {}
+        """A resolve in flight -> (who waits for its answer, the executer it was sent to)."""
         self.on_results = on_results
         self.remote = Remote(cluster, self.requests, self) if cluster is not None else None
-        self._arrived: dict[str, asyncio.Event] = {}  # project -> set when an executer connects
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._presence: dict[tuple[str, str], asyncio.Lock] = {}
-        self._cluster = cluster
 
-    # -- executers -------------------------------------------------------------------------
+    # -- connections -----------------------------------------------------------------------
+
+    def connect(self, peer: Peer) -> None:
+        """A connection authenticated (its frames may come now)."""
+        self.connections.connect(peer)
+
+    async def claim(self, peer: Peer) -> str | None:
+        """May ``peer`` be its project's executer? None if so, else why not."""
+        return await self.connections.claim(peer)
 
     async def attach_executer(self, peer: Peer) -> None:
-        assert peer.executer_id is not None
-        key = (peer.project_id, peer.executer_id)
-        old = self.executers.get(key)
-        self.executers[key] = peer
-        if old is not None and old is not peer:
+        """``peer`` (claimed) is its project's executer now: the old connection of the same key
+        is closed (4000), and what waited for this executer goes out to it."""
+        old = await self.connections.put_executer(peer)
+        if old is not None:
             await old.close(wire.CLOSE_REPLACED, "replaced by a new connection of this executer")
-        if self._cluster is not None:  # before anything is sent: the others route here now
-            async with self._presence_lock(key):
-                await asyncio.to_thread(self._cluster.announce, *key)
-        arrived = self._arrived.pop(peer.project_id, None)
-        if arrived is not None:
-            arrived.set()
+        key = (peer.project_id, peer.executer_id)
         for pending in list(self.requests.pending.values()):  # what waited for it goes out again
             if (pending.project_id, pending.executer_id) == key:
                 pending.lost = False
                 pending.remote = None  # it is here now, whichever replica it was sent to
-                await peer.send(pending.frame())
+                pending.sent_to = peer
+                if not await peer.send(pending.frame()):
+                    pending.lost = True
 
     def detach(self, peer: Peer) -> None:
-        if peer.role == "executer" and peer.executer_id is not None:
+        if self.connections.remove(peer):
             key = (peer.project_id, peer.executer_id)
-            if self.executers.get(key) is peer:
-                del self.executers[key]
-                for pending in self.requests.pending.values():
-                    if (pending.project_id, pending.executer_id) == key and not pending.remote:
-                        pending.lost = True
-                if self._cluster is not None:
-                    self._spawn(self._withdraw(key))
-        for rkey, waiting in list(self.resolves.items()):
+            for pending in self.requests.pending.values():
+                if (pending.project_id, pending.executer_id) == key and not pending.remote:
+                    pending.lost = True
+        for rkey, (waiting, _) in list(self.resolves.items()):
             if waiting is peer:
                 del self.resolves[rkey]
 
+    async def close_key(self, key_id: str, reason: str) -> int:
+        """Close every connection opened with the key (revoked): 4401. Returns how many."""
+        gone = self.connections.of_key(key_id)
+        for peer in gone:
+            self.detach(peer)
+            await peer.close(wire.CLOSE_UNAUTHORIZED, reason)
+        return len(gone)
+
+    def key_ids(self) -> set[str]:
+        """The keys of the connections open now."""
+        return self.connections.key_ids()
+
     def here(self, project_id: str, executer_id: str) -> bool:
-        return (project_id, executer_id) in self.executers
-
-    def _presence_lock(self, key: tuple[str, str]) -> asyncio.Lock:
-        lock = self._presence.get(key)
-        if lock is None:
-            lock = self._presence[key] = asyncio.Lock()
-        return lock
-
-    async def _withdraw(self, key: tuple[str, str]) -> None:
-        """Remove the executer's presence, unless it connected here again meanwhile (presence
-        writes of one executer take turns: a late withdraw never undoes a new connection's)."""
-        assert self._cluster is not None
-        async with self._presence_lock(key):
-            if key in self.executers:
-                return
-            await asyncio.to_thread(self._cluster.withdraw, *key)
-
-    def _choose(self, project_id: str, executer_id: str | None) -> Peer | None:
-        if executer_id is not None:
-            return self.executers.get((project_id, executer_id))
-        mine = [p for (proj, _), p in self.executers.items() if proj == project_id]
-        if not mine:
-            return None
-        for peer in mine:
-            if peer.executer_id == wire.DEFAULT_EXECUTER:
-                return peer
-        return mine[-1]  # the most recently connected
-
-    async def _route(self, project_id: str, executer_id: str | None) -> Peer | Where | None:
-        """The executer to send to: connected here, else on another replica, else None."""
-        peer = self._choose(project_id, executer_id)
-        if peer is not None or self.remote is None:
-            return peer
-        return await self.remote.locate(project_id, executer_id)
-
-    async def wait_for_executer(
-        self, project_id: str, executer_id: str | None, until: float
-    ) -> Peer | Where:
-        while True:
-            route = await self._route(project_id, executer_id)
-            if route is not None:
-                return route
-            left = until - time.monotonic()
-            if left <= 0:
-                raise TunnelFailure("no_executer", _no_executer_message(project_id, executer_id))
-            event = self._arrived.setdefault(project_id, asyncio.Event())
-            if self.remote is not None:  # one on another replica wakes nobody here: look again
-                left = min(left, 0.5)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), left)
-
-    def connected(self, project_id: str) -> int:
-        """How many executers of the project are connected to this replica."""
-        return sum(1 for proj, _ in self.executers if proj == project_id)
+        return self.connections.here(project_id, executer_id)
 
     async def reachable(self, project_id: str) -> int:
         """How many executers of the project this replica can reach (here or on another)."""
-        if self._cluster is None:
-            return self.connected(project_id)
-        return max(
-            self.connected(project_id),
-            await asyncio.to_thread(self._cluster.count, project_id),
-        )
-
-    def silent(self, now: float) -> list[Peer]:
-        return [p for p in self.executers.values() if now - p.seen > SILENT_S]
+        return await self.connections.reachable(project_id)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -182,9 +147,12 @@ class Relay:
         timeout: float = wire.DEFAULT_TIMEOUT_S,
         wait_for_executer: bool = False,
         internal: bool = False,
+        asker: Peer | None = None,
     ) -> None:
         """Send a request on (or join the same one in flight, or answer it from the answers
-        kept); ``waiter`` gets its frames. Raises :class:`TunnelFailure` (``no_executer``)."""
+        kept); ``waiter`` gets its frames. Raises :class:`TunnelFailure` (``no_executer``, or
+        ``too_many_pending`` past the limits of ``asker``, the runtime connection, or of its
+        project)."""
         key = (project_id, request_id)
         kept = self.requests.kept_answer(key)
         if kept is not None:
@@ -192,29 +160,49 @@ class Relay:
             return
         pending = self.requests.pending.get(key)
         if pending is not None:
-            pending.waiters.append(waiter)
+            self.requests.join(pending, waiter)
             return
+        if asker is not None:
+            self._check_room(asker)
         deadline = time.monotonic() + timeout
         route: Peer | Where | None
         if wait_for_executer:
-            route = await self.wait_for_executer(project_id, executer_id, deadline)
+            route = await self.connections.wait_for(project_id, executer_id, deadline)
         else:
-            route = await self._route(project_id, executer_id)
+            route = await self.connections.route(project_id, executer_id)
         if route is None:
-            raise TunnelFailure("no_executer", _no_executer_message(project_id, executer_id))
+            raise TunnelFailure("no_executer", no_executer_message(project_id, executer_id))
         if key in self.requests.pending:  # it arrived while we waited for an executer
-            self.requests.pending[key].waiters.append(waiter)
+            self.requests.join(self.requests.pending[key], waiter)
             return
         target = route.executer_id if isinstance(route, Peer) else route[1]
         assert target is not None
-        pending = Pending(project_id, request_id, target, kml, deadline, [waiter], internal)
+        pending = Pending(
+            project_id, request_id, target, kml, deadline, [waiter], internal, asker=asker
+        )
         self.requests.add(pending, self._expire)
         if isinstance(route, Peer):
+            pending.sent_to = route
             if not await route.send(pending.frame()):
                 pending.lost = True  # it goes out again when the executer is back
         else:
             assert self.remote is not None
             await self.remote.send_on(pending, route[0])
+
+    def _check_room(self, asker: Peer) -> None:
+        limits = self.limits
+        if asker.pending >= limits.max_pending:
+            raise TunnelFailure(
+                "too_many_pending",
+                f"this connection has {asker.pending} requests in flight, the most it may "
+                f"(tunnel.maxPending); wait for their results before sending more",
+            )
+        if self.requests.by_project[asker.project_id] >= limits.max_pending_project:
+            raise TunnelFailure(
+                "too_many_pending",
+                f"project {asker.project_id} has {limits.max_pending_project} requests in "
+                f"flight, the most it may (tunnel.maxPendingPerProject); wait for their results",
+            )
 
     async def request_from(
         self, origin: str, project_id: str, request_id: str, kml: str, *,
@@ -228,9 +216,9 @@ class Relay:
             await waiter(kept)
             return
         if key in self.requests.pending:
-            self.requests.pending[key].waiters.append(waiter)
+            self.requests.join(self.requests.pending[key], waiter)
             return
-        route = self._choose(project_id, executer_id)
+        route = self.connections.choose(project_id, executer_id)
         target = route.executer_id if route is not None else executer_id
         pending = Pending(
             project_id, request_id, target or wire.DEFAULT_EXECUTER, kml,
@@ -238,6 +226,7 @@ class Relay:
         )  # fmt: skip
         self.requests.add(pending, self._expire)
         if route is not None:
+            pending.sent_to = route
             if not await route.send(pending.frame()):
                 pending.lost = True
             return
@@ -246,7 +235,7 @@ class Relay:
         await self.remote.moved(origin, project_id, request_id)
 
     def _expire(self, key: tuple[str, str]) -> None:
-        pending = self.requests.pending.pop(key, None)
+        pending = self.requests.pop(key)
         if pending is None:
             return
         if pending.lost:
@@ -264,32 +253,52 @@ class Relay:
             )
         self._spawn(deliver(pending.waiters, wire.ErrorFrame(code, message, key[1])))
 
-    async def result(self, peer: Peer, frame: wire.KmlResult) -> None:
-        """An executer's ``kml_result``."""
-        await self.finish(peer.project_id, frame)
+    async def result(self, peer: Peer, frame: wire.KmlResult, size: int) -> bool:
+        """An executer's ``kml_result`` (``size``: its frame's bytes). False when it answers no
+        request sent to this connection (unknown, already answered, or sent to another): it is
+        refused, and nothing of it is kept or recorded."""
+        pending = self.requests.pending.get((peer.project_id, frame.request_id))
+        if pending is None or pending.sent_to is not peer:
+            return False
+        await self.finish(peer.project_id, frame, size)
+        return True
 
-    async def finish(self, project_id: str, result: wire.KmlResult) -> None:
-        """A request's ``kml_result``: kept, recorded, delivered to whoever waits for it."""
+    async def finish(self, project_id: str, result: wire.KmlResult, size: int) -> None:
+        """The answer to a pending request: kept, recorded, delivered to whoever waits for it.
+        (The caller checked it answers a request this relay sent.)"""
         key = (project_id, result.request_id)
         pending = self.requests.pop(key)
-        first = self.requests.keep(project_id, result)  # delivered twice: recorded once
-        relaying = pending is not None and pending.origin is not None  # the origin records it
-        internal = pending is not None and pending.internal  # the server's loop records it
-        if self.on_results is not None and first and not relaying and not internal:
+        if pending is None:
+            return
+        self.requests.keep(project_id, result, size)
+        relaying = pending.origin is not None  # the origin records it
+        if self.on_results is not None and not relaying and not pending.internal:
             try:  # recorded first: a runtime that reads the session after its result came back
                 await self.on_results(project_id, result.request_id, result.results)  # finds it
             except Exception:
                 log.exception("recording the results of request %s failed", result.request_id)
-        if pending is not None:
-            await deliver(pending.waiters, result)
+        await deliver(pending.waiters, result)
 
-    async def progress(self, peer: Peer, frame: wire.KmlProgress) -> None:
+    async def progress(self, peer: Peer, frame: wire.KmlProgress) -> bool:
+        """An executer's progress on a request: passed on only from the connection the request
+        was sent to."""
         pending = self.requests.pending.get((peer.project_id, frame.request_id))
-        if pending is not None:
-            await deliver(pending.waiters, frame)
+        if pending is None or pending.sent_to is not peer:
+            return False
+        await deliver(pending.waiters, frame)
+        return True
 
     def forget_waiter(self, waiter: Waiter) -> None:
-        self.requests.forget_waiter(waiter)
+        """A runtime connection went away: its requests nobody else waits for are dropped after
+        ``tunnel.orphanTimeout`` (unless someone joins them again)."""
+        loop = asyncio.get_running_loop()
+        for pending in self.requests.forget_waiter(waiter):
+            loop.call_later(self.limits.orphan_s, self._drop_orphan, pending)
+
+    def _drop_orphan(self, pending: Pending) -> None:
+        if pending.orphaned is None or self.requests.pending.get(pending.key) is not pending:
+            return  # somebody joined it again, or it was answered
+        self.requests.pop(pending.key)
 
     async def execute(
         self,
@@ -317,7 +326,7 @@ class Relay:
         try:
             answer = await done
         finally:
-            self.forget_waiter(waiter)
+            self.requests.forget_waiter(waiter)
         if isinstance(answer, wire.ErrorFrame):
             raise TunnelFailure(answer.code, answer.message)
         return answer
@@ -335,19 +344,19 @@ class Relay:
     async def _resolve(
         self, sink: _Sink, frame: wire.Resolve, project_id: str, *, local_only: bool
     ) -> None:
-        route = await self._route(project_id, frame.executer_id)
+        route = await self.connections.route(project_id, frame.executer_id)
         if local_only and not isinstance(route, Peer):
             route = None
         request_id = frame.request_id or f"res_{secrets.token_hex(8)}"
         if route is None:
-            message = _no_executer_message(project_id, frame.executer_id)
+            message = no_executer_message(project_id, frame.executer_id)
             await sink.send(
                 wire.error(
                     "no_executer", message, execution_id=frame.execution_id, request_id=request_id
                 )
             )
             return
-        self.resolves[(project_id, request_id)] = sink
+        self.resolves[(project_id, request_id)] = (sink, route if isinstance(route, Peer) else None)
         if not isinstance(route, Peer):
             assert self.remote is not None
             await self.remote.send_resolve(route, _with_request_id(frame, request_id), project_id)
@@ -358,9 +367,16 @@ class Relay:
             )
         )
 
-    async def resolved(self, peer: Peer, answer: wire.Resolved | wire.ErrorFrame) -> None:
-        """An executer's answer to a ``resolve``."""
+    async def resolved(self, peer: Peer, answer: wire.Resolved | wire.ErrorFrame) -> bool:
+        """An executer's answer to a ``resolve``: believed only from the executer it was sent to
+        (False: refused)."""
+        if answer.request_id is None:
+            return False
+        waiting = self.resolves.get((peer.project_id, answer.request_id))
+        if waiting is None or waiting[1] is not peer:
+            return False
         await self.answer_resolve(peer.project_id, answer)
+        return True
 
     async def answer_resolve(
         self, project_id: str, answer: wire.Resolved | wire.ErrorFrame
@@ -369,7 +385,7 @@ class Relay:
             return
         waiting = self.resolves.pop((project_id, answer.request_id), None)
         if waiting is not None:
-            await waiting.send(wire.as_dict(answer))
+            await waiting[0].send(wire.as_dict(answer))
 
     # -- across replicas -------------------------------------------------------------------
 
@@ -379,8 +395,7 @@ class Relay:
 
     def heard(self) -> dict[tuple[str, str], int]:
         """When each executer connected here was last heard from (unix ms)."""
-        offset = time.time() - time.monotonic()
-        return {key: int((peer.seen + offset) * 1000) for key, peer in self.executers.items()}
+        return self.connections.heard()
 
     # -- housekeeping ----------------------------------------------------------------------
 
@@ -388,7 +403,7 @@ class Relay:
         """Drop executers that went silent (their pending requests wait for them to return)."""
         while True:
             await asyncio.sleep(every)
-            for peer in self.silent(time.monotonic()):
+            for peer in self.connections.silent(time.monotonic(), SILENT_S):
                 log.info(
                     "executer %s of project %s went silent; dropped",
                     peer.executer_id,
@@ -404,8 +419,9 @@ class Relay:
 
     async def close(self) -> None:
         self.requests.clear()
-        for peer in list(self.executers.values()):
+        for peer in self.connections.executers_here():
             await peer.close(1001, "the server is shutting down")
+        await self.connections.close()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
@@ -413,12 +429,4 @@ class Relay:
 def _with_request_id(frame: wire.Resolve, request_id: str) -> wire.Resolve:
     return wire.Resolve(
         frame.execution_id, frame.resolution, request_id, frame.base_path, frame.executer_id
-    )
-
-
-def _no_executer_message(project_id: str, executer_id: str | None) -> str:
-    which = f"executer {executer_id!r}" if executer_id else "executer"
-    return (
-        f"no {which} of project {project_id} is connected; start one with `kyronix executer "
-        f"--ws URL --base DIR` (or KyronixExecuter(ws_url=...)) using a key of this project"
     )

@@ -1,12 +1,15 @@
 """The requests the relay has sent on and not yet seen answered, and the answers it keeps.
 
 A request is **pending** from the moment it is sent on until its ``kml_result`` (or an ``error``)
-comes back, or its timeout passes. Pending requests outlive connections: when an executer's
-connection drops they wait for it (``lost``), and are sent again when it is back.
+comes back, or its timeout passes. It remembers the connection it was sent to: only that
+connection may answer it, once. Pending requests outlive connections: when an executer's
+connection drops they wait for it (``lost``), and are sent again (to the new connection) when it
+is back. A request nobody waits for any more (its runtime connection went away) is dropped after
+``tunnel.orphanTimeout``: the runtime may send it again, and the executer's receipts answer it.
 
-An answered request's ``kml_result`` is **kept** for :data:`KEEP_RESULTS_S` seconds (at most
-:data:`KEEP_RESULTS` of them): a runtime client that reconnects and sends the same request again
-gets it at once.
+An answered request's ``kml_result`` is **kept** for :data:`KEEP_RESULTS_S` seconds: a runtime
+client that sends the same request again gets it at once. What is kept is bounded by count and
+by bytes, for all projects and for each one (the oldest go first).
 """
 
 from __future__ import annotations
@@ -14,12 +17,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kyronix import wire
 from kyronix.errors import KyronixRunError
+
+if TYPE_CHECKING:
+    from kyronix.server.relay.peer import Peer
 
 __all__ = [
     "KEEP_RESULTS",
@@ -60,8 +67,14 @@ class Pending:
     waiters: list[Waiter] = field(default_factory=list)
     internal: bool = False
     """The server's own request (the server-driven loop records its results itself)."""
+    asker: Peer | None = None
+    """The runtime connection that asked (its in-flight count)."""
+    sent_to: Peer | None = None
+    """The executer connection this was last sent to: the only one whose answer counts."""
     lost: bool = False
     """The executer's connection dropped while this was pending."""
+    orphaned: float | None = None
+    """When its last waiter went away (None: somebody waits)."""
     timer: asyncio.TimerHandle | None = None
     remote: str | None = None
     """The replica this was sent on to (its executer is connected there), or None: here."""
@@ -78,55 +91,122 @@ class Pending:
         return wire.kml_request(self.request_id, self.kml)
 
 
+@dataclass
+class _Kept:
+    at: float
+    result: wire.KmlResult
+    size: int
+
+
 class Requests:
     """The pending requests and the kept answers of one relay."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        kept_bytes: int = 64 * 1024 * 1024,
+        kept_bytes_project: int = 16 * 1024 * 1024,
+    ) -> None:
         self.pending: dict[Key, Pending] = {}
-        self.kept: OrderedDict[Key, tuple[float, wire.KmlResult]] = OrderedDict()
+        self.kept: OrderedDict[Key, _Kept] = OrderedDict()
+        self.kept_bytes = kept_bytes
+        self.kept_bytes_project = kept_bytes_project
+        self._kept_total = 0
+        self._kept_by_project: Counter[str] = Counter()
+        self.by_project: Counter[str] = Counter()
+        """Requests of runtime connections in flight, per project."""
 
     def add(self, pending: Pending, on_expire: Callable[[Key], None]) -> None:
         self.pending[pending.key] = pending
+        if pending.asker is not None:
+            pending.asker.pending += 1
+            self.by_project[pending.project_id] += 1
         loop = asyncio.get_running_loop()
         delay = max(0.0, pending.deadline - time.monotonic())
         pending.timer = loop.call_at(loop.time() + delay, on_expire, pending.key)
 
     def pop(self, key: Key) -> Pending | None:
         pending = self.pending.pop(key, None)
-        if pending is not None and pending.timer is not None:
+        if pending is None:
+            return None
+        if pending.timer is not None:
             pending.timer.cancel()
+        if pending.asker is not None:
+            pending.asker.pending -= 1
+            self.by_project[pending.project_id] -= 1
+            if self.by_project[pending.project_id] <= 0:
+                del self.by_project[pending.project_id]
         return pending
 
-    def keep(self, project_id: str, result: wire.KmlResult) -> bool:
-        """Keep an answer; False when it had been kept already (a repeat)."""
+    # -- answers kept ------------------------------------------------------------------------
+
+    def keep(self, project_id: str, result: wire.KmlResult, size: int) -> None:
+        """Keep an answer for re-sent requests (not when it alone is over the project's
+        bound); the oldest kept go first past the bounds."""
         key = (project_id, result.request_id)
-        repeat = key in self.kept
-        self.kept[key] = (time.monotonic(), result)
-        self._trim()
-        return not repeat
+        self._forget(key)
+        if size > self.kept_bytes_project or size > self.kept_bytes:
+            return
+        self.kept[key] = _Kept(time.monotonic(), result, size)
+        self._kept_total += size
+        self._kept_by_project[project_id] += size
+        self._trim(project_id)
 
     def kept_answer(self, key: Key) -> wire.KmlResult | None:
+        self._trim(None)
         found = self.kept.get(key)
-        return None if found is None else found[1]
+        return None if found is None else found.result
 
-    def _trim(self) -> None:
+    @property
+    def kept_size(self) -> int:
+        return self._kept_total
+
+    def _forget(self, key: Key) -> None:
+        old = self.kept.pop(key, None)
+        if old is not None:
+            self._kept_total -= old.size
+            self._kept_by_project[key[0]] -= old.size
+            if self._kept_by_project[key[0]] <= 0:
+                del self._kept_by_project[key[0]]
+
+    def _trim(self, project_id: str | None) -> None:
         now = time.monotonic()
-        while self.kept and (
-            len(self.kept) > KEEP_RESULTS
-            or now - next(iter(self.kept.values()))[0] > KEEP_RESULTS_S
-        ):
-            self.kept.popitem(last=False)
+        while self.kept:
+            key, oldest = next(iter(self.kept.items()))
+            if (
+                len(self.kept) > KEEP_RESULTS
+                or now - oldest.at > KEEP_RESULTS_S
+                or self._kept_total > self.kept_bytes
+            ):
+                self._forget(key)
+            else:
+                break
+        if project_id is not None:
+            while self._kept_by_project.get(project_id, 0) > self.kept_bytes_project:
+                mine = next(k for k in self.kept if k[0] == project_id)
+                self._forget(mine)
 
-    def forget_waiter(self, waiter: Waiter) -> None:
+    # -- waiters -----------------------------------------------------------------------------
+
+    def forget_waiter(self, waiter: Waiter) -> list[Pending]:
+        """Remove a waiter; the requests it leaves nobody waiting for (orphans)."""
+        orphans = []
+        now = time.monotonic()
         for pending in self.pending.values():
             if waiter in pending.waiters:
                 pending.waiters.remove(waiter)
+                if not pending.waiters and not pending.internal:
+                    pending.orphaned = now
+                    orphans.append(pending)
+        return orphans
+
+    def join(self, pending: Pending, waiter: Waiter) -> None:
+        pending.waiters.append(waiter)
+        pending.orphaned = None
 
     def clear(self) -> None:
-        for pending in self.pending.values():
-            if pending.timer is not None:
-                pending.timer.cancel()
-        self.pending.clear()
+        for key in list(self.pending):
+            self.pop(key)
 
 
 async def deliver(waiters: list[Waiter], answer: Answer) -> None:

@@ -11,6 +11,7 @@ executer is no longer there is answered ``moved``, and routed again.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,7 +35,7 @@ class _Local(Protocol):
         executer_id: str | None, timeout: float, waiter: Any,
     ) -> None: ...  # fmt: skip
 
-    async def finish(self, project_id: str, result: wire.KmlResult) -> None: ...
+    async def finish(self, project_id: str, result: wire.KmlResult, size: int) -> None: ...
 
     async def resolve_for(
         self, sink: ReplicaSink, frame: wire.Resolve, project_id: str
@@ -155,11 +156,12 @@ class Remote:
             if pending is not None and pending.remote == body.get("via"):
                 pending.lost = True
             return
-        frame = wire.from_dict(body.get("frame") or {})
+        if pending is None or pending.remote != body.get("via"):
+            return  # an answer from a route this request no longer takes (or never took)
+        raw = body.get("frame") or {}
+        frame = wire.from_dict(raw)
         if isinstance(frame, wire.KmlResult):
-            await self.local.finish(project_id, frame)
-        elif pending is None or pending.remote != body.get("via"):
-            return  # progress or an error from a route this request no longer takes
+            await self.local.finish(project_id, frame, len(json.dumps(raw)))
         elif isinstance(frame, wire.KmlProgress):
             await deliver(pending.waiters, frame)
         elif isinstance(frame, wire.ErrorFrame):
