@@ -160,7 +160,10 @@ class _Holder:
     def me(cls) -> _Holder:
         now = wall_clock_ms()
         pid, host, process = this_process()
-        return cls(secrets.token_hex(16), pid, host, process, now, now)
+        holder = cls(secrets.token_hex(16), pid, host, process, now, now)
+        with _live_lock:
+            _live_tokens.add(holder.token)
+        return holder
 
     @classmethod
     def of(cls, row: Row[Any]) -> _Holder:
@@ -178,6 +181,26 @@ class _Holder:
 
     def describe(self) -> str:
         return f"pid {self.pid} on {self.host} since {_when(self.since)}"
+
+
+_live_tokens: set[str] = set()
+"""The lease tokens of this process's writers that are open (or opening)."""
+_live_lock = threading.Lock()
+
+
+def _done_with(token: str) -> None:
+    with _live_lock:
+        _live_tokens.discard(token)
+
+
+def _mine_and_closed(holder: _Holder) -> bool:
+    """Whether ``holder`` is a lease of this very process whose writer is closed: its drop
+    failed (the database refused the write, say its disk was full) and it was left behind."""
+    pid, host, process = this_process()
+    if (holder.pid, holder.host) != (pid, host) or (holder.process or "") != (process or ""):
+        return False
+    with _live_lock:
+        return holder.token not in _live_tokens
 
 
 _boot: list[str] = []
@@ -427,18 +450,27 @@ class SqlSessionStore:
                 conn.execute(_CREATE, {**row, **_projection(header, fold, 0)})
                 conn.execute(_LEASE, {"session_id": sid, **me.values()})
         except IntegrityError:
+            _done_with(me.token)
             raise SessionExistsError(f"session {sid!r} already exists in {self.where}") from None
         except SQLAlchemyError as exc:
+            _done_with(me.token)
             raise StoreError(
                 self._describe(exc, f"create session {sid} in") + f"; session {sid} was not created"
             ) from exc
+        except BaseException:
+            _done_with(me.token)
+            raise
         return SqlWriter(self, SessionLog(header, ()), me.token, fold)
 
     def open(self, session_id: str) -> SqlWriter:
         """Take the session's lease, then load it; refuses while a live writer holds it."""
         sid = check_session_id(session_id)
         me = _Holder.me()
-        self._take_lease(sid, me)
+        try:
+            self._take_lease(sid, me)
+        except BaseException:
+            _done_with(me.token)
+            raise
         try:
             log, stored = self._read(sid)
             fold = Replay(render=False).feed(log.events)
@@ -449,6 +481,7 @@ class SqlSessionStore:
                     self._renew(conn, sid, me.token)
                     conn.execute(update(sessions).where(sessions.c.id == sid).values(projection))
         except _LeaseLost:
+            _done_with(me.token)
             raise SessionLockedError(sid, self._holder_text(sid)) from None
         except SQLAlchemyError as exc:
             self._drop_lease(sid, me.token)
@@ -769,7 +802,10 @@ class SqlSessionStore:
         return holder.describe() if holder is not None else "nobody"
 
     def _stale(self, holder: _Holder) -> bool:
-        """Whether ``holder``'s lease may be taken over: its process is gone."""
+        """Whether ``holder``'s lease may be taken over: its process is gone, or it is this
+        process's and its writer is closed (a lease whose drop failed)."""
+        if _mine_and_closed(holder):
+            return True
         if holder.host == socket.gethostname():
             now = process_identity(holder.pid)
             if now is None:
@@ -782,7 +818,9 @@ class SqlSessionStore:
         return wall_clock_ms() - holder.renewed > self.lease_ttl * 1000
 
     def _drop_lease(self, sid: str, token: str) -> None:
-        """Give the lease up (best effort: a lease left behind is stale once this process goes)."""
+        """Give the lease up (best effort: a lease left behind is stale once this process goes,
+        and to this process at once: its writer is closed)."""
+        _done_with(token)
         with contextlib.suppress(SQLAlchemyError), writing(self.engine) as conn:
             conn.execute(
                 delete(writers).where(writers.c.session_id == sid, writers.c.token == token)

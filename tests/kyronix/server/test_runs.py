@@ -89,7 +89,8 @@ def test_the_answer_and_its_charge_commit_together_or_not_at_all(
 
     monkeypatch.setattr(SqlWriter, "_before_commit", fail_the_answer)
     r = client.post("/api/agents/coding", json={"input": "x"}, headers=auth(key))
-    assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+    # the disk refused the answer: the one clear error (issue 29), not a 500
+    assert r.status_code == 503 and r.json()["error"]["code"] == "storage_unavailable"
     # the batch rolled back with the settle in it: no charge, the hold given back
     assert _kinds(app, project) == ["grant", "hold", "release"]
     state = app.state.kx

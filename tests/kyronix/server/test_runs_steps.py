@@ -26,6 +26,7 @@ from kyronix.server.migrations import migrate
 from kyronix.server.models import choose_model
 from kyronix.server.relay import Relay
 from kyronix.server.runs import records
+from kyronix.server.runs.admit import RunningElsewhere
 from kyronix.server.runs.handle import RunRequest
 from kyronix.server.runs.outcome import Outcome, charge
 from kyronix.server.runs.pool import SessionPool
@@ -111,9 +112,9 @@ def test_a_second_run_of_a_busy_session_is_refused_and_holds_nothing(w: World) -
 
 def test_an_idempotency_key_answers_its_run_and_refuses_another_body(w: World) -> None:
     handle, _, _ = admit(w, idem_key="k1", request_hash="h1")
-    with pytest.raises(ApiError) as running:
+    with pytest.raises(RunningElsewhere) as running:
         admit(w, idem_key="k1", request_hash="h1")  # still running, and not live here
-    assert running.value.code == "idempotency_in_flight"
+    assert running.value.row.id == handle.id  # the caller follows it where it runs
     with pytest.raises(ApiError) as other:
         admit(w, idem_key="k1", request_hash="h2")
     assert (other.value.status, other.value.code) == (422, "idempotency_key_reused")

@@ -66,6 +66,15 @@ def create_app(state: AppState) -> FastAPI:
     async def _bug(request: Request, exc: Exception) -> Response:
         import logging
 
+        from kyronix.server.errors import is_storage_failure
+
+        if is_storage_failure(exc):
+            logging.getLogger("kyronix.server").error(
+                "dashboard %s %s: the database cannot write (%s)", request.method,
+                request.url.path, type(exc).__name__,
+            )  # fmt: skip
+            said = "the server cannot write to its database right now (its disk is full or failing)"
+            return error_page(request, 503, "Unavailable", f"{said}; nothing was changed")
         logging.getLogger("kyronix.server").error(
             "unexpected %s on a dashboard page %s %s",
             type(exc).__name__,
@@ -74,6 +83,13 @@ def create_app(state: AppState) -> FastAPI:
             exc_info=exc,
         )
         return error_page(request, 500, "Something failed", "the server failed; a bug")
+
+    from sqlalchemy.exc import OperationalError
+
+    from kiso.kernel import StoreError
+
+    for kind in (OperationalError, StoreError, OSError):  # by type: no traceback re-raised
+        app.add_exception_handler(kind, _bug)
 
     app.add_middleware(SessionMiddleware, **session_settings(state.secret, state.config.public_url))
     app.add_middleware(_BodyLimit, limit=state.config.max_body)

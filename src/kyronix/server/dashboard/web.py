@@ -33,6 +33,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from kyronix.errors import KyronixError
 from kyronix.server.accounts import Project
+from kyronix.server.errors import is_storage_failure
 from kyronix.server.users import (
     User,
     close_web_session,
@@ -326,6 +327,15 @@ def page(fn: Handler) -> Handler:
         except HTTPException as exc:  # raised by Starlette itself (a body it cannot read)
             return error_page(request, exc.status_code, "Refused", str(exc.detail))
         except Exception as exc:
+            if is_storage_failure(exc):  # the disk, not a bug: one clear page, no traceback
+                logging.getLogger("kyronix.server").error(
+                    "dashboard %s %s: the database cannot write (%s)",
+                    request.method,
+                    request.url.path,
+                    type(exc).__name__,
+                )
+                said = "the server cannot write to its database right now (disk full or failing)"
+                return error_page(request, 503, "Unavailable", f"{said}; nothing was changed")
             logging.getLogger("kyronix.server").error(
                 "unexpected %s on a dashboard page %s %s",
                 type(exc).__name__,

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from kiso.kernel import SessionStore
+from kyronix.errors import KyronixError
 from kyronix.server import billing, custom_agents, sessions
 from kyronix.server.agents import Persona, builtin_persona, custom_persona
 from kyronix.server.config import ServerConfig, to_credits
@@ -26,10 +27,18 @@ from kyronix.server.errors import ApiError, not_found
 from kyronix.server.runs import records
 from kyronix.server.runs.handle import LiveRuns, RunHandle, RunRequest
 
-__all__ = ["Admission", "Admitted", "persona_of"]
+__all__ = ["Admission", "Admitted", "RunningElsewhere", "persona_of"]
 
 Admitted = tuple[RunHandle, Persona | None, bool]
 """(the run's handle, the persona to run it with, True if it is new)."""
+
+
+class RunningElsewhere(KyronixError):
+    """A keyed retry names a run another replica is running: follow it there."""
+
+    def __init__(self, row: Any) -> None:
+        super().__init__(row.id)
+        self.row = row
 
 
 def persona_of(conn: Connection, project_id: str, agent: str, custom: str | None) -> Persona:
@@ -158,14 +167,11 @@ class Admission:
             ) from None
 
     def _existing(self, row: Any) -> RunHandle:
+        """The run a keyed retry names: live here, or finished; :class:`RunningElsewhere` when
+        another replica runs it (the caller follows it there)."""
         live = self.live.get(row.id)
         if live is not None:
             return live
         if row.status == "running":
-            raise ApiError(
-                409,
-                "idempotency_in_flight",
-                "a request with this Idempotency-Key is still running on another server; retry",
-                {"runId": row.id},
-            )
+            raise RunningElsewhere(row)
         return RunHandle.from_row(row)

@@ -23,15 +23,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from kiso.kernel import Assistant, SettingChanged
 from kiso.kernel import Outcome as RunOutcome
 from kiso.runtime import Agent, Compaction, ModelTurn, RunEvent, Session, Terminal, TextDelta
 from kyronix.server.agents import Persona
 from kyronix.server.config import ServerConfig
+from kyronix.server.errors import error_body, is_storage_failure, storage_unavailable
+from kyronix.server.runs import records
 from kyronix.server.runs.follow import Follower
 from kyronix.server.runs.handle import LiveRuns, RunHandle, RunRequest
 from kyronix.server.runs.outcome import Meter, Outcome
@@ -43,6 +45,10 @@ from kyronix.server.sessions import RESULT_KEY
 __all__ = ["Attempt", "Course", "Driver", "Mode"]
 
 log = logging.getLogger("kyronix.server")
+
+SETTLE_RETRY_S = 1.0
+"""How soon a run whose end could not be written is tried again (doubling, up to the max)."""
+SETTLE_RETRY_MAX_S = 30.0
 
 
 @dataclass
@@ -118,6 +124,7 @@ class Driver:
         self.follower = follower
         self.plan = plan
         self.tunnel = tunnel
+        self._background: set[asyncio.Task[None]] = set()
 
     def launch(
         self, handle: RunHandle, persona: Persona, req: RunRequest, *, resume: bool = False
@@ -141,20 +148,86 @@ class Driver:
         except RunLost:
             await self._lost(handle)
             return
-        except Exception as exc:  # a bug: the run fails, its hold goes back, the server lives
-            log.exception("run %s failed unexpectedly", handle.id)
-            outcome = Outcome.failure(
-                handle.id, handle.session_id, 500, "internal_error",
-                f"the run failed inside the server ({type(exc).__name__})",
-                recorded_in_log=False,
-            )  # fmt: skip
+        except Exception as exc:
+            if await self._taken_from_us(handle):  # its lease went with it (a writer refused)
+                await self._lost(handle)
+                return
+            outcome = self._failed(handle, exc)
         try:
             await asyncio.shield(self.settlement.settle(handle, outcome))
         except RunLost:
             await self._lost(handle)
             return
+        except Exception as exc:  # its end could not be written: answer now, settle later
+            if not is_storage_failure(exc):
+                log.exception("run %s could not be settled", handle.id)
+            self._answer_unsettled(handle)
+            return
         if outcome.ok and outcome.issues_ids:
             self.recorder.remember(handle.project_id, handle.session_id, outcome.execution_ids)
+
+    async def _taken_from_us(self, handle: RunHandle) -> bool:
+        """Whether another replica owns the run now (or it ended there)."""
+        try:
+            row = await asyncio.to_thread(
+                self.settlement.db.read, lambda c: records.get(c, handle.id)
+            )
+        except Exception:  # the database cannot tell: the run is still ours to end
+            return False
+        return row is not None and (row.status != "running" or row.owner != self.settlement.owner)
+
+    def _failed(self, handle: RunHandle, exc: Exception) -> Outcome:
+        """The outcome of a run that raised: the storage failed (503, the one clear error), or a
+        bug (500). Either way nothing is charged, and the server lives."""
+        if is_storage_failure(exc):
+            log.error(
+                "run %s: the database cannot write (%s); answered 503 storage_unavailable",
+                handle.id, type(exc).__name__,
+            )  # fmt: skip
+            failed = storage_unavailable()
+            return Outcome.failure(
+                handle.id, handle.session_id, 503, failed.code, failed.message,
+                details={"runId": handle.id}, recorded_in_log=False,
+            )  # fmt: skip
+        log.exception("run %s failed unexpectedly", handle.id)
+        return Outcome.failure(
+            handle.id, handle.session_id, 500, "internal_error",
+            f"the run failed inside the server ({type(exc).__name__})",
+            recorded_in_log=False,
+        )  # fmt: skip
+
+    def _answer_unsettled(self, handle: RunHandle) -> None:
+        """The run's end could not be written (the database refuses writes): its client gets
+        503 ``storage_unavailable`` now, and the run is recorded interrupted (its hold released,
+        its session freed) as soon as the database writes again, retried in the background."""
+        failed = storage_unavailable()
+        body = error_body(failed.code, failed.message, {"runId": handle.id})
+        handle.finish(503, body)
+        self._spawn(self._settle_later(handle.id))
+
+    async def _settle_later(self, run_id: str) -> None:
+        delay = SETTLE_RETRY_S
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await asyncio.to_thread(self.settlement.interrupt, run_id, "storage unavailable")
+            except Exception:
+                delay = min(delay * 2, SETTLE_RETRY_MAX_S)
+                continue
+            log.info("run %s: the database writes again; the run is settled", run_id)
+            return
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        """Stop the background retries (a run still unsettled is settled at the next start)."""
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     async def _cut(self, handle: RunHandle, why: str) -> None:
         await self.settlement.interrupt_handle(handle, why)

@@ -149,11 +149,11 @@ class SessionPool:
                         await session.committed()
                 except Exception:
                     log.warning("could not record tunnel results in session %s", session_id)
-                    await asyncio.to_thread(session.close)
+                    await asyncio.to_thread(close_all, [session])
                     return
                 await self._keep(session_id, key, session)
                 return
-            await asyncio.to_thread(session.close)
+            await asyncio.to_thread(close_all, [session])
             for value in waiting:
                 try:
                     await asyncio.to_thread(self._append_closed, session_id, value)

@@ -29,6 +29,7 @@ __all__ = [
     "record_issued",
     "running_elsewhere",
     "session_of_execution",
+    "sessions_of_executions",
     "totals",
 ]
 
@@ -181,6 +182,20 @@ def session_of_execution(conn: Connection, execution_id: str, project_id: str) -
     """The session whose plan issued the tool id (of this project), or None."""
     row = conn.execute(_EXECUTION, {"b_id": execution_id, "b_project": project_id}).first()
     return None if row is None else str(row.session_id)
+
+
+def sessions_of_executions(
+    conn: Connection, execution_ids: Sequence[str], project_id: str
+) -> dict[str, str]:
+    """Tool execution id -> the session whose plan issued it (of this project; others absent)."""
+    if not execution_ids:
+        return {}
+    rows = conn.execute(
+        select(executions.c.id, executions.c.session_id).where(
+            executions.c.id.in_(list(execution_ids)) & (executions.c.project_id == project_id)
+        )
+    )
+    return {r.id: r.session_id for r in rows}
 
 
 def issued_in(conn: Connection, project_id: str, session_id: str) -> dict[str, str]:

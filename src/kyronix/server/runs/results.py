@@ -32,6 +32,29 @@ log = logging.getLogger("kyronix.server")
 
 ISSUED_KEPT = 100_000
 """Plan tool ids kept in memory to record their results without a look-up."""
+RECORDED_CHARS = 64 * 1024
+"""How much of one tool's output (and error) is recorded in its session (the rest is cut, and
+the entry says ``truncated``; the executer's receipt keeps it whole)."""
+
+
+def _execution_id(entry: Any) -> str | None:
+    result = entry.get("result") if isinstance(entry, dict) else None
+    eid = result.get("executionId") if isinstance(result, dict) else None
+    return eid if isinstance(eid, str) else None
+
+
+def _capped(entry: dict[str, Any]) -> dict[str, Any]:
+    result = dict(entry["result"])
+    cut = False
+    for name in ("output", "error"):
+        text = result.get(name)
+        if isinstance(text, str) and len(text) > RECORDED_CHARS:
+            result[name] = text[:RECORDED_CHARS]
+            cut = True
+    if not cut:
+        return entry
+    result["truncated"] = True
+    return {**entry, "result": result}
 
 
 class ResultsRecorder:
@@ -41,6 +64,8 @@ class ResultsRecorder:
         self.cluster = cluster
         self._issued: OrderedDict[str, tuple[str, str]] = OrderedDict()
         """Plan tool ids this process issued -> (project, session): where their results go."""
+        self._recorded: OrderedDict[str, None] = OrderedDict()
+        """Tool ids whose result was recorded (a result comes into its session once)."""
         self._background: set[asyncio.Task[Any]] = set()
         if cluster is not None:
             cluster.on("record", self._forwarded)
@@ -53,34 +78,54 @@ class ResultsRecorder:
             self._issued.popitem(last=False)
 
     async def record(self, project_id: str, request_id: str, results: Sequence[Any]) -> None:
-        """The relay's hook: a ``kml_result`` of the project came back. Its entries are recorded
-        in the session that issued their tool ids (looked up off the round trip when this
-        process did not issue them)."""
-        ids = [
-            e["result"].get("executionId")
-            for e in results
-            if isinstance(e, dict) and isinstance(e.get("result"), dict)
-        ]
-        first = next((i for i in ids if isinstance(i, str)), None)
-        if first is None:
-            return
-        value = {"requestId": request_id, "results": list(results)}
-        issued = self._issued.get(first)
-        if issued is not None and issued[0] == project_id:
-            await self._deliver(issued[1], value)
-            return
-        self._spawn(self._look_up(project_id, first, value))
+        """The relay's hook: a ``kml_result`` of the project answered a request it sent. Each
+        entry goes to the session that issued its tool id, once (an entry whose id no session
+        of the project issued, or that was recorded already, goes nowhere); ids this process did
+        not issue are looked up off the round trip."""
+        known: dict[str, list[Any]] = {}
+        unknown: list[tuple[str, Any]] = []
+        for entry in results:
+            eid = _execution_id(entry)
+            if eid is None or eid in self._recorded:
+                continue
+            issued = self._issued.get(eid)
+            if issued is not None and issued[0] == project_id:
+                known.setdefault(issued[1], []).append(entry)
+            elif issued is None:
+                unknown.append((eid, entry))
+        for session_id, entries in known.items():
+            await self._deliver_entries(session_id, request_id, entries)
+        if unknown:
+            self._spawn(self._look_up(project_id, request_id, unknown))
 
-    async def _look_up(self, project_id: str, execution_id: str, value: dict[str, Any]) -> None:
+    async def _look_up(
+        self, project_id: str, request_id: str, entries: list[tuple[str, Any]]
+    ) -> None:
+        ids = [eid for eid, _ in entries]
         try:
-            target = await asyncio.to_thread(
-                self.db.read, lambda c: records.session_of_execution(c, execution_id, project_id)
+            owners = await asyncio.to_thread(
+                self.db.read, lambda c: records.sessions_of_executions(c, ids, project_id)
             )
         except Exception:
-            log.warning("could not look up the session of request %s", value.get("requestId"))
+            log.warning("could not look up the sessions of request %s", request_id)
             return
-        if target is not None:  # None: not a plan of this server's
-            await self._deliver(target, value)
+        by_session: dict[str, list[Any]] = {}
+        for eid, entry in entries:
+            if eid in owners:  # else: not a plan of this server's
+                by_session.setdefault(owners[eid], []).append(entry)
+        for session_id, found in by_session.items():
+            await self._deliver_entries(session_id, request_id, found)
+
+    async def _deliver_entries(self, session_id: str, request_id: str, entries: list[Any]) -> None:
+        for entry in entries:
+            eid = _execution_id(entry)
+            if eid is not None:
+                self._recorded[eid] = None
+        while len(self._recorded) > ISSUED_KEPT:
+            self._recorded.popitem(last=False)
+        await self._deliver(
+            session_id, {"requestId": request_id, "results": [_capped(e) for e in entries]}
+        )
 
     async def _deliver(
         self, target: str, value: dict[str, Any], *, forwarded: bool = False

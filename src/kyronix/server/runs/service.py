@@ -31,7 +31,7 @@ from kyronix.server.errors import ApiError, not_found
 from kyronix.server.models import ModelChoice
 from kyronix.server.relay import Relay
 from kyronix.server.runs import records
-from kyronix.server.runs.admit import Admission
+from kyronix.server.runs.admit import Admission, RunningElsewhere
 from kyronix.server.runs.drive import Driver
 from kyronix.server.runs.follow import Follower
 from kyronix.server.runs.handle import LiveRuns, RunHandle, RunRequest
@@ -102,20 +102,38 @@ class Runs:
         )  # fmt: skip
 
     async def start(self, req: RunRequest) -> tuple[RunHandle, bool]:
-        """Admit the run and start it in the background; (handle, True if new)."""
-        if req.execute == "tunnel" and await self.relay.reachable(req.project_id) == 0:
+        """Admit the run and start it in the background; (handle, True if new). A tunnel run
+        needs an executer connected, unless it is a keyed retry of a run that exists: that one
+        answers (or waits for) the run it names, connected or not."""
+        if (
+            req.execute == "tunnel"
+            and not await self._is_retry(req)
+            and await self.relay.reachable(req.project_id) == 0
+        ):
             raise ApiError(
                 409,
                 "no_executer",
                 "no executer of this project is connected to the tunnel; start one with "
                 "`kyronix executer --ws URL --base DIR` (a key of this project), then send again",
             )
-        handle, persona, new = await asyncio.to_thread(self.admission.admit, req)
+        try:
+            handle, persona, new = await asyncio.to_thread(self.admission.admit, req)
+        except RunningElsewhere as elsewhere:  # a keyed retry: wait for the run where it runs
+            return self.follower.watch(elsewhere.row), False
         if new:
             assert persona is not None
             self.driver.launch(handle, persona, req)
             log.info("run %s started (project %s, agent %s)", handle.id, req.project_id, req.agent)
         return handle, new
+
+    async def _is_retry(self, req: RunRequest) -> bool:
+        if req.idem_key is None:
+            return False
+        key = req.idem_key
+        row = await asyncio.to_thread(
+            self.db.read, lambda c: records.by_idempotency_key(c, req.project_id, key)
+        )
+        return row is not None
 
     async def handle_of(self, project_id: str, run_id: str) -> RunHandle:
         """The run's handle (live here, followed on another replica, or finished): 404 for a run
@@ -154,6 +172,7 @@ class Runs:
         if self.live.running:
             log.info("draining: waiting up to %gs for %d run(s)", timeout, self.live.running)
         await self.live.drain(timeout)
+        await self.driver.close()
         await self.follower.close()
         await self.recorder.close()
 

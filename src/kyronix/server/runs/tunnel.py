@@ -24,8 +24,10 @@ from typing import Any, TypeGuard
 
 from kiso.kernel import (
     Assistant,
+    Compacted,
     ExecutionFinished,
     ExecutionStarted,
+    RunEnded,
     RunStarted,
     SessionStore,
     SettingChanged,
@@ -163,6 +165,8 @@ class TunnelCourse:
         self.req = req
         self.resume = resume
         self.kiso_run: str | None = session.fold.open_run if resume else None
+        self.ended_in_log = False
+        """Resumed after its kiso run had ended: the answer is in the log, nothing runs."""
 
     def start(self) -> AsyncIterator[RunEvent]:
         session = self.session
@@ -173,7 +177,15 @@ class TunnelCourse:
         this = self.kiso_run or _last_run(session.events)
         said = [e.text for e in session.events if isinstance(e, Assistant) and e.run == this]
         self.handle.add_text("".join(said))
-        return session.resume()
+        if session.fold.open_run is not None:
+            return session.resume()
+        if this is not None and not _answered_after(session.events, this):
+            # its kiso run ended (the tools ran, the answer is written) and the server stopped
+            # before the answer was recorded and charged: the log holds the outcome
+            self.kiso_run, self.ended_in_log = this, True
+            return _nothing()
+        # the server stopped before the run's first event was durable: run it now
+        return session.run(with_results(self.req.input, session.events), source="user")
 
     def turn(self, turn: Assistant, meter: Meter) -> None:
         self.kiso_run = turn.run
@@ -183,6 +195,8 @@ class TunnelCourse:
     ) -> Outcome | AsyncIterator[RunEvent]:
         handle, session = self.handle, self.session
         kiso_run = self.kiso_run or _last_run(session.events)
+        if self.ended_in_log and kiso_run is not None:
+            attempt, meter = _ended(session.events, kiso_run)
         results = results_of_run(session.events, kiso_run) if kiso_run else []
         why = attempt.failed(need_text=False)
         if why is not None:
@@ -205,6 +219,42 @@ class TunnelCourse:
             self.mode.settlement.attach_to(writer, outcome, handle.project_id, staged.seq)
             await session.committed()
         return outcome
+
+
+async def _nothing() -> AsyncIterator[RunEvent]:
+    return
+    yield  # an async generator that yields nothing
+
+
+def _answered_after(events: Sequence[Any], run: str) -> bool:
+    """Whether a Kyronix run's outcome was recorded after kiso run ``run`` began (it belongs to
+    an earlier Kyronix run of the session, then)."""
+    seen = False
+    for ev in events:
+        if isinstance(ev, RunStarted) and ev.run == run:
+            seen = True
+        elif seen and isinstance(ev, SettingChanged) and ev.key == RESULT_KEY:
+            return True
+    return False
+
+
+def _ended(events: Sequence[Any], run: str) -> tuple[Attempt, Meter]:
+    """What the log says kiso run ``run`` did: its last text, how it ended, what it cost."""
+    attempt, meter = Attempt(run=run), Meter()
+    inside = False
+    for ev in events:
+        if isinstance(ev, RunStarted):
+            inside = ev.run == run
+        elif not inside:
+            continue
+        elif isinstance(ev, Assistant) and ev.run == run:
+            attempt.text = ev.text
+            meter.add(ev.model, ev.usage)
+        elif isinstance(ev, Compacted) and ev.usage is not None:
+            meter.add(ev.model or "", ev.usage)
+        elif isinstance(ev, RunEnded) and ev.run == run:
+            attempt.ended = ev.outcome
+    return attempt, meter
 
 
 def _schema(params: Sequence[Any]) -> dict[str, Any]:
