@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, insert, select, text
 
+from kyronix.errors import KyronixUsageError
 from kyronix.server.db import Database, mailbox, now_ms
 
 __all__ = ["BATCH", "INLINE_MAX", "SWEEP_S", "Handler", "Mailbox"]
@@ -68,7 +69,7 @@ class Mailbox:
     def on(self, kind: str, handler: Handler) -> None:
         """Handle the rows of ``kind`` with ``handler`` (one handler a kind)."""
         if kind in self.handlers:
-            raise ValueError(f"the mailbox kind {kind!r} already has a handler")
+            raise KyronixUsageError(f"the mailbox kind {kind!r} already has a handler")
         self.handlers[kind] = handler
 
     def post(self, target: str, kind: str, body: dict[str, Any]) -> int:
