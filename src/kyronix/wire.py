@@ -1,7 +1,7 @@
 """The tunnel's wire format (docs/tunnel.md), once, for the server, the executer and the SDK.
 
-Standard library only: the runtime SDK imports it without the server's dependencies
-(ARCHITECTURE.md rule 6). Nothing here does I/O.
+Standard library only (and :mod:`kyronix.errors`): the runtime SDK imports it without the
+server's dependencies (ARCHITECTURE.md rule 6). Nothing here does I/O.
 
 * **Ids and limits**: :data:`REQUEST_ID` (a request's ``executionId``, a resolve's
   ``requestId``), :data:`EXECUTER_ID`, the close codes, the longest timeout.
@@ -24,6 +24,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Required, TypedDict
+
+from kyronix.errors import KyronixUsageError
 
 __all__ = [
     "CLOSE_RATE_LIMITED",
@@ -295,7 +297,7 @@ Frame = (
 )
 
 
-class _Bad(Exception):
+class _Bad(KyronixUsageError):
     def __init__(self, reason: str, request_id: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
