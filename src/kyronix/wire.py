@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_EXECUTER",
     "DEFAULT_TIMEOUT_S",
     "EXECUTER_ID",
+    "HEARTBEAT_S",
     "MAX_DEPTH",
     "MAX_TIMEOUT_S",
     "PROGRESS_EVENTS",
@@ -45,6 +46,7 @@ __all__ = [
     "ROLES",
     "RULINGS",
     "SENT_BY",
+    "SILENT_S",
     "Auth",
     "BadFrame",
     "EntryDict",
@@ -99,6 +101,10 @@ MAX_TIMEOUT_S = 3600.0
 """The longest a ``kml_request`` may ask to wait."""
 MAX_DEPTH = 64
 """How deeply a frame's JSON may nest (a result's ``data`` included)."""
+HEARTBEAT_S = 15.0
+"""How often each side pings."""
+SILENT_S = 45.0
+"""An executer heard nothing from for this long (three heartbeats) is gone."""
 CLOSE_REPLACED = 4000
 """Another connection of the same executer (same key) took its place."""
 CLOSE_UNAUTHORIZED = 4401

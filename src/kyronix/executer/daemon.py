@@ -92,7 +92,7 @@ CLOSE_REPLACED = wire.CLOSE_REPLACED
 CLOSE_CLAIMED = wire.CLOSE_CLAIMED
 """The server's close code for an executer id another key's live executer holds (4409)."""
 
-HEARTBEAT_S = 15.0
+HEARTBEAT_S = wire.HEARTBEAT_S
 SILENCE_S = 45.0
 READY_TIMEOUT_S = 10.0
 REMEMBER = 1000

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -40,7 +41,10 @@ from kiso.kernel import SessionNotFoundError
 from kyronix.server import billing, custom_agents, sessions
 from kyronix.server.agents import AGENTS, builtin_persona
 from kyronix.server.config import to_credits
-from kyronix.server.errors import ApiError, not_found
+from kyronix.server.errors import (
+    ApiError,
+    not_found,
+)
 from kyronix.server.runs.handle import RunHandle, RunRequest
 from kyronix.server.schemas import (
     AGENT_SLUG,
@@ -68,7 +72,8 @@ from kyronix.server.state import Auth, GuardedRoute, Principal, app_state
 
 __all__ = ["install_health", "request_hash", "router"]
 
-_IDEM = re.compile(r"[\x21-\x7e]{1,255}")
+log = logging.getLogger("kyronix.server")
+
 
 _E = {"model": ErrorResponse}
 _COMMON: dict[int | str, dict[str, Any]] = {
@@ -115,18 +120,6 @@ def _project(who: Principal, project_id: str | None) -> str:
     return who.project_id
 
 
-def _idem_key(value: str | None) -> str | None:
-    if value is None:
-        return None
-    if not _IDEM.fullmatch(value):
-        raise ApiError(
-            400,
-            "invalid_request",
-            "Idempotency-Key must be 1-255 visible ASCII characters",
-        )
-    return value
-
-
 IdemHeader = Annotated[
     str | None,
     Header(
@@ -158,7 +151,6 @@ async def _start(
 ) -> tuple[RunHandle, bool]:
     state = app_state(request)
     project_id = _project(who, body.get("projectId"))
-    idem = _idem_key(idem)
     req = RunRequest(
         project_id=project_id,
         agent=agent,
@@ -403,14 +395,10 @@ async def create_custom(request: Request, body: CustomAgentCreate, who: Auth) ->
 AgentIdPath = Annotated[str, Path(pattern=CUSTOM_AGENT_ID)]
 
 
-def _agent_not_found(agent_id: str) -> ApiError:
-    return ApiError(404, "agent_not_found", f"no custom agent {agent_id!r} in this project")
-
-
 def _owned(conn: Connection, project_id: str, agent_id: str) -> Any:
     row = custom_agents.find_agent(conn, project_id, agent_id)
     if row is None:
-        raise _agent_not_found(agent_id)
+        raise custom_agents.agent_not_found(agent_id)
     return row
 
 
@@ -440,7 +428,7 @@ async def patch_custom(
         state.db.write, lambda c: custom_agents.update_agent(c, who.project_id, agent_id, body)
     )
     if agent is None:
-        raise _agent_not_found(agent_id)
+        raise custom_agents.agent_not_found(agent_id)
     return agent
 
 
@@ -456,7 +444,7 @@ async def delete_custom(request: Request, agent_id: AgentIdPath, who: Auth) -> C
         state.db.write, lambda c: custom_agents.delete_agent(c, who.project_id, agent_id)
     )
     if not deleted:
-        raise _agent_not_found(agent_id)
+        raise custom_agents.agent_not_found(agent_id)
     return CustomAgentDeleted(id=agent_id, deleted=True)
 
 

@@ -22,34 +22,30 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import OperationalError
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import FastAPI
 from starlette.routing import Route
 
-from kiso.kernel import SessionStore, StoreError
+from kiso.kernel import SessionStore
 from kyronix.server import accounts, api, dashboard, ws
 from kyronix.server.config import ServerConfig, ensure_home
 from kyronix.server.db import Database
-from kyronix.server.errors import ApiError, error_body, is_storage_failure, storage_unavailable
 from kyronix.server.ratelimit import FailureThrottle, RateLimiter
-from kyronix.server.relay import Relay
+from kyronix.server.relay import Relay, watch
 from kyronix.server.runs.pool import SessionPool
 from kyronix.server.runs.results import ResultsRecorder
 from kyronix.server.runs.service import Runs
-from kyronix.server.state import AppState
+from kyronix.server.state import AppState, install_errors
+from kyronix.server.tasks import Background
 
 __all__ = ["create_app", "make_session_store"]
 
 log = logging.getLogger("kyronix.server")
 
 
-def make_session_store(config: ServerConfig, db: Database) -> SessionStore:
+def make_session_store(db: Database) -> SessionStore:
     """Where Kyronix sessions' kiso logs go: the server's own database, through the kernel's
     SQL store (``JsonlSessionStore(config.sessions_dir)`` is the file-based alternative)."""
     from kiso.kernel.sql import SqlSessionStore
@@ -72,7 +68,7 @@ def create_app(
     if migrate:
         run_migrations(db)
     config.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    sessions = store if store is not None else make_session_store(config, db)
+    sessions = store if store is not None else make_session_store(db)
     secret = accounts.load_secret(config.home, config.key_secret)
     cluster = None
     if not db.is_sqlite:  # PostgreSQL: any number of replicas on the one database
@@ -83,33 +79,18 @@ def create_app(
         )
     pool = SessionPool(sessions, config.sessions_dir, cluster=cluster)
     recorder = ResultsRecorder(db, pool, cluster=cluster)
-    relay = Relay(on_results=recorder.record, cluster=cluster, limits=config.tunnel)
+    relay = Relay(
+        on_results=recorder.record, cluster=cluster, limits=config.tunnel,
+        revoked=lambda keys: db.read(lambda c: accounts.revoked_among(c, keys)),
+    )  # fmt: skip
     runs = Runs(
         config, db, sessions, choose_model(config), relay=relay, pool=pool, recorder=recorder,
         id_key=hmac.new(secret, b"kyronix tunnel ids", hashlib.sha256).digest(), cluster=cluster,
     )  # fmt: skip
-    background: set[asyncio.Task[Any]] = set()
-
-    def in_background(fn: Callable[[], object]) -> None:
-        def quietly() -> None:  # best effort (a key's last use): never an unretrieved error
-            try:
-                fn()
-            except Exception as exc:
-                log.warning("a background write failed (%s)", type(exc).__name__)
-
-        task = asyncio.ensure_future(asyncio.to_thread(quietly))
-        background.add(task)
-        task.add_done_callback(background.discard)
-
+    background = Background("a background write")
     limiter = RateLimiter(config.rate_per_minute, config.rate_burst)
     failures = FailureThrottle(config.auth_failures_per_minute, config.auth_failure_burst)
-    keys = accounts.KeyCheck(db, secret, limiter, failures, in_background)
-    if cluster is not None:  # a key revoked anywhere: its connections here close at once
-
-        async def revoked(body: dict[str, Any]) -> None:
-            await relay.close_key(str(body["keyId"]), "the API key was revoked")
-
-        cluster.on("revoked", revoked)
+    keys = accounts.KeyCheck(db, secret, limiter, failures, background.in_thread)
     state = AppState(
         config=config, db=db, store=sessions, runs=runs, relay=relay, keys=keys, secret=secret,
         background=background,
@@ -123,10 +104,12 @@ def create_app(
             await asyncio.to_thread(cluster.register)
             tasks.append(loop.create_task(cluster.listen_forever()))
             tasks.append(loop.create_task(cluster.sweep_forever()))
+            tasks.append(loop.create_task(cluster.heartbeat_forever()))
+            tasks.append(loop.create_task(watch.replicas_forever(relay)))
             log.info("replica %s of the database's servers", cluster.id)
         tasks += await runs.startup()
-        tasks.append(loop.create_task(relay.heartbeat_forever()))
-        tasks.append(loop.create_task(ws.watch_revocations(state)))
+        tasks.append(loop.create_task(watch.heartbeats_forever(relay)))
+        tasks.append(loop.create_task(watch.revocations_forever(relay)))
         try:
             yield
         finally:
@@ -139,8 +122,7 @@ def create_app(
             await runs.shutdown(left)
             await relay.close()
             await asyncio.to_thread(runs.close_idle)
-            if state.background:
-                await asyncio.gather(*state.background, return_exceptions=True)
+            await state.background.close()
             if cluster is not None:  # a clean stop: nothing of this replica is left to take over
                 await asyncio.to_thread(cluster.unregister)
             db.close()
@@ -152,7 +134,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.kx = state
-    _api_errors(app)
+    install_errors(app)
     pages = dashboard.create_app(state)
     for path in dashboard.PATHS:  # the dashboard's own paths go to it, whole
         app.router.routes.append(Route(path, pages, include_in_schema=False))
@@ -169,65 +151,3 @@ def create_app(
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
         )
     return app
-
-
-def _api_errors(app: FastAPI) -> None:
-    """The API's errors as the one error body: 400 for malformed input (never a 500), the
-    route's own :class:`ApiError`, and a bug as a 500 whose body names no file, line or
-    value."""
-
-    @app.exception_handler(ApiError)
-    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {
-                "loc": [str(p) for p in err.get("loc", ())],
-                "msg": str(err.get("msg", "")),
-                "type": str(err.get("type", "")),
-            }
-            for err in exc.errors()[:20]
-        ]
-        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-        where = ".".join(first["loc"]) or "the request"
-        body = error_body("invalid_request", f"{where}: {first['msg']}", {"errors": errors})
-        return JSONResponse(body, status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> Response:
-        codes = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
-        code = codes.get(exc.status_code, "http_error")
-        message = str(exc.detail) if exc.detail else code
-        return JSONResponse(
-            error_body(code, message), status_code=exc.status_code, headers=dict(exc.headers or {})
-        )
-
-    async def _storage(request: Request, exc: Exception) -> Response:
-        """A database that cannot write (its disk full or failing): the one clear 503, no
-        traceback. (Handled here, by type: Starlette's catch-all would log a traceback.)"""
-        if not is_storage_failure(exc):
-            return await _bug(request, exc)
-        log.error(
-            "%s %s: the database cannot write (%s)", request.method, request.url.path,
-            type(exc).__name__,
-        )  # fmt: skip
-        failed = storage_unavailable()
-        return JSONResponse(failed.body, status_code=failed.status, headers=failed.headers)
-
-    for kind in (OperationalError, StoreError, OSError):
-        app.add_exception_handler(kind, _storage)
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> Response:
-        log.error(
-            "unexpected %s while serving %s %s",
-            type(exc).__name__,
-            request.method,
-            request.url.path,
-            exc_info=exc,
-        )
-        return JSONResponse(
-            error_body("internal_error", "the server failed; this is a bug"), status_code=500
-        )

@@ -64,9 +64,10 @@ def _project_or_fail(conn: Any, ref: str) -> Any:
     return project
 
 
-def _credits(milli: int) -> str:
-    value = milli / 1000
-    return f"{value:g}"
+def credits_text(milli: int | None) -> str:
+    from kyronix.server.config import credits_text as text
+
+    return text(milli)
 
 
 def add_commands(group: click.Group) -> None:
@@ -74,7 +75,13 @@ def add_commands(group: click.Group) -> None:
 
     @group.command("serve", context_settings=_CTX)
     @click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
-    @click.option("--port", default=8080, show_default=True, type=int, help="0 picks a free port.")
+    @click.option(
+        "--port",
+        default=8080,
+        show_default=True,
+        type=click.IntRange(0, 65535),
+        help="0 picks a free port.",
+    )
     @_db_option
     def serve_command(host: str, port: int, db_url: str | None) -> None:
         """Run the Kyronix server (the HTTP API) in this process, until SIGTERM or Ctrl-C."""
@@ -123,7 +130,7 @@ def add_commands(group: click.Group) -> None:
         project = _with_db(db_url, tx)
         click.echo(project.id)
         click.echo(
-            f"created project {project.name} ({project.id}) with {_credits(project.credits)} "
+            f"created project {project.name} ({project.id}) with {credits_text(project.credits)} "
             f"credits; next: kyronix keys create --project {project.name}",
             err=True,
         )
@@ -135,7 +142,7 @@ def add_commands(group: click.Group) -> None:
         from kyronix.server.accounts import list_projects
 
         for p in _with_db(db_url, lambda c, _cfg: list_projects(c), write=False):
-            click.echo(f"{p.id}\t{p.name}\t{_credits(p.credits)} credits")
+            click.echo(f"{p.id}\t{p.name}\t{credits_text(p.credits)} credits")
 
     @group.group("users", context_settings=_CTX)
     def users_group() -> None:
@@ -291,7 +298,7 @@ def add_commands(group: click.Group) -> None:
             return billing.balance(conn, project.id)
 
         balance = _with_db(db_url, tx)
-        click.echo(f"granted {amount:g}; balance {_credits(balance)}")
+        click.echo(f"granted {amount:g}; balance {credits_text(balance)}")
 
     @credits_group.command("show", context_settings=_CTX)
     @click.argument("project_ref", metavar="PROJECT")
@@ -313,9 +320,13 @@ def add_commands(group: click.Group) -> None:
             )
 
         project, balance, held, total, rows = _with_db(db_url, read, write=False)
-        click.echo(f"{project.name} ({project.id}): {_credits(balance)} credits")
-        click.echo(f"held by runs in flight: {_credits(held)}; ledger sum: {_credits(total)}")
+        click.echo(f"{project.name} ({project.id}): {credits_text(balance)} credits")
+        click.echo(
+            f"held by runs in flight: {credits_text(held)}; ledger sum: {credits_text(total)}"
+        )
         for r in rows:
-            click.echo(f"{r.id}\t{r.created_at}\t{r.kind}\t{_credits(r.amount)}\t{r.run_id or ''}")
+            click.echo(
+                f"{r.id}\t{r.created_at}\t{r.kind}\t{credits_text(r.amount)}\t{r.run_id or ''}"
+            )
         if total != balance:  # never: every change is a ledger row in the same transaction
             sys.exit(1)

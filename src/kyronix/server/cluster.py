@@ -14,6 +14,7 @@ No cluster code of our own beyond this: the database is the coordination point (
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
@@ -25,14 +26,22 @@ from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from kiso.kernel.sql import process_identity, this_process, writers
-from kyronix.server.db import Database, mailbox, now_ms, presence, replicas
-from kyronix.server.mailbox import SWEEP_S, Handler, Mailbox, post
+from kyronix import wire
+from kyronix.server.db import Database, now_ms, presence, replicas
+from kyronix.server.mailbox import (
+    SWEEP_S,
+    Handler,
+    Mailbox,
+    drop_mailboxes,
+    drop_orphaned,
+    post,
+)
 
 __all__ = ["SILENT_S", "SWEEP_S", "Cluster", "Where", "tell_every_replica"]
 
 log = logging.getLogger("kyronix.server")
 
-SILENT_S = 45.0
+SILENT_S = wire.SILENT_S
 """An executer not heard from for this long is lost (it pings every 15 s)."""
 LOCATE_CACHE_S = 0.5
 """How long where a project's executers are is remembered (a stale route is answered "moved"
@@ -129,10 +138,21 @@ class Cluster:
             log.warning("replica %s had been declared dead by another; registering again", self.id)
             self.register()
 
+    async def heartbeat_forever(self) -> None:
+        """Renew this replica's heartbeat, and drop the mailbox rows of replicas gone; each
+        beat."""
+        while True:
+            await asyncio.sleep(self.beat)
+            try:
+                await asyncio.to_thread(self.heartbeat)
+                await asyncio.to_thread(self.prune)
+            except Exception:
+                log.exception("the replica heartbeat failed; it runs again in %gs", self.beat)
+
     def unregister(self) -> None:
         def tx(conn: Connection) -> None:
             conn.execute(delete(presence).where(presence.c.replica_id == self.id))
-            conn.execute(delete(mailbox).where(mailbox.c.target == self.id))
+            drop_mailboxes(conn, [self.id])
             conn.execute(delete(replicas).where(replicas.c.id == self.id))
 
         with contextlib.suppress(Exception):
@@ -182,7 +202,7 @@ class Cluster:
                     delete(writers).where((writers.c.host == host) & (writers.c.pid == pid))
                 )
             conn.execute(delete(presence).where(presence.c.replica_id.in_(ids)))
-            conn.execute(delete(mailbox).where(mailbox.c.target.in_(ids)))
+            drop_mailboxes(conn, ids)
             conn.execute(delete(replicas).where(replicas.c.id.in_(ids)))
 
         self.db.write(tx)
@@ -190,18 +210,7 @@ class Cluster:
     def prune(self, older_than: float = 60.0) -> int:
         """Drop mailbox rows for replicas that no longer exist (sent after they died)."""
         cutoff = now_ms() - int(older_than * 1000)
-        return int(
-            self.db.write(
-                lambda c: (
-                    c.execute(
-                        delete(mailbox).where(
-                            (mailbox.c.created_at < cutoff)
-                            & mailbox.c.target.not_in(select(replicas.c.id))
-                        )
-                    ).rowcount
-                )
-            )
-        )
+        return self.db.write(lambda c: drop_orphaned(c, select(replicas.c.id), cutoff))
 
     def lease_holder(self, session_id: str) -> str | None:
         """The live replica whose process holds the session's writer lease (not this one)."""

@@ -51,6 +51,7 @@ __all__ = [
     "ServerConfig",
     "TunnelLimits",
     "check_db_url",
+    "credits_text",
     "kyronix_home",
     "load_server_config",
     "to_credits",
@@ -62,6 +63,11 @@ MILLI = 1000
 
 def to_credits(milli: int) -> float:
     return milli / MILLI
+
+
+def credits_text(milli: int | None) -> str:
+    """Millicredits as people read them: ``99.5``, ``1,000``, ``0.001``."""
+    return f"{(milli or 0) / MILLI:,.3f}".rstrip("0").rstrip(".")
 
 
 def kyronix_home(environ: Mapping[str, str] | None = None) -> Path:

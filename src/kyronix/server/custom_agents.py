@@ -17,10 +17,13 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, select, update
 
+from kyronix.server.agents import Persona, builtin_persona, custom_persona
 from kyronix.server.db import custom_agents, now_ms
+from kyronix.server.errors import ApiError
 from kyronix.server.schemas import CustomAgent, CustomAgentCreate, CustomAgentPatch, CustomTool
 
 __all__ = [
+    "agent_not_found",
     "agent_out",
     "create_agent",
     "delete_agent",
@@ -28,10 +31,26 @@ __all__ = [
     "get_agent",
     "list_agents",
     "new_agent_id",
+    "persona_of",
     "toggle_tool",
     "tools_json",
     "update_agent",
 ]
+
+
+def agent_not_found(agent_id: str) -> ApiError:
+    return ApiError(404, "agent_not_found", f"no custom agent {agent_id!r} in this project")
+
+
+def persona_of(conn: Connection, project_id: str, agent: str, custom: str | None) -> Persona:
+    """The persona of a built-in agent, or of the project's custom agent ``custom`` (404
+    ``agent_not_found`` when the project has none of that id)."""
+    if custom is None:
+        return builtin_persona(agent)
+    row = find_agent(conn, project_id, custom)
+    if row is None:
+        raise agent_not_found(custom)
+    return custom_persona(row.id, row.name, row.description, json.loads(row.tools))
 
 
 def agent_out(row: Any) -> CustomAgent:

@@ -27,7 +27,16 @@ from sqlalchemy import Connection, delete, func, insert, select, text
 from kyronix.errors import KyronixUsageError
 from kyronix.server.db import Database, mailbox, now_ms
 
-__all__ = ["BATCH", "INLINE_MAX", "SWEEP_S", "Handler", "Mailbox", "post"]
+__all__ = [
+    "BATCH",
+    "INLINE_MAX",
+    "SWEEP_S",
+    "Handler",
+    "Mailbox",
+    "drop_mailboxes",
+    "drop_orphaned",
+    "post",
+]
 
 log = logging.getLogger("kyronix.server")
 
@@ -63,6 +72,20 @@ def post(conn: Connection, target: str, kind: str, body: dict[str, Any], *, noti
         inline = ""  # too large: the notification names the row only
     row_id = conn.execute(_POST, {**values, "channel": f"kx_{target}", "inline": inline})
     return int(row_id.scalar_one())
+
+
+def drop_mailboxes(conn: Connection, targets: list[str]) -> None:
+    """Delete every row for these replicas (they stopped, or died)."""
+    conn.execute(delete(mailbox).where(mailbox.c.target.in_(targets)))
+
+
+def drop_orphaned(conn: Connection, live: Any, before: int) -> int:
+    """Delete the rows older than ``before`` (unix ms) for replicas not in ``live`` (a subquery
+    of replica ids): frames sent to a replica after it died. How many."""
+    gone = conn.execute(
+        delete(mailbox).where((mailbox.c.created_at < before) & mailbox.c.target.not_in(live))
+    )
+    return int(gone.rowcount)
 
 
 class Mailbox:

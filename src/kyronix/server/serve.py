@@ -147,7 +147,8 @@ def serve(
                 for srv in server.servers:
                     for sock in srv.sockets:
                         bound = sock.getsockname()
-                        url = f"http://{host}:{bound[1]}"
+                        shown = f"[{host}]" if ":" in host else host  # an IPv6 address
+                        url = f"http://{shown}:{bound[1]}"
                         announce(url)
                         if announce_signin is not None and not config.github_enabled:
                             try:

@@ -1,4 +1,5 @@
-"""The application's state, and what the routes depend on (like a FastAPI app's ``deps``).
+"""The application's state, and what the API's routes depend on (like a FastAPI app's
+``deps``): the caller, the guards, the errors.
 
 :class:`AppState` holds the server's parts, made once by :func:`kyronix.server.app.create_app`:
 the database, the session store, the runs, the relay, the key check. A route reaches it through
@@ -10,28 +11,39 @@ a Content-Length was sent), before anything else reads the request.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from kiso.kernel import SessionStore
+from kiso.kernel import SessionStore, StoreError
 from kyronix.server import accounts
 from kyronix.server.config import ServerConfig
 from kyronix.server.db import Database
-from kyronix.server.errors import ApiError, error_body
+from kyronix.server.errors import ApiError, error_body, is_storage_failure, storage_unavailable
 from kyronix.server.ratelimit import retry_after
 from kyronix.server.relay import Relay
 from kyronix.server.runs.service import Runs
+from kyronix.server.tasks import Background
 
-__all__ = ["AppState", "Auth", "GuardedRoute", "Principal", "app_state", "principal"]
+__all__ = [
+    "AppState",
+    "Auth",
+    "GuardedRoute",
+    "Principal",
+    "app_state",
+    "install_errors",
+    "principal",
+]
 
 log = logging.getLogger("kyronix.server")
 
@@ -47,7 +59,7 @@ class AppState:
     secret: bytes
     draining: bool = False
     drain_deadline: float | None = None
-    background: set[asyncio.Task[Any]] = field(default_factory=set)
+    background: Background = field(default_factory=Background)
 
     def begin_drain(self) -> None:
         if not self.draining:
@@ -56,11 +68,6 @@ class AppState:
             log.info(
                 "draining: new requests get 503; running turns get %gs", self.config.drain_timeout
             )
-
-    def spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
 
 
 def app_state(request: Request) -> AppState:
@@ -151,3 +158,75 @@ def _error(
     return JSONResponse(
         error_body(code, message, details), status_code=status, headers={"connection": "close"}
     )
+
+
+# --------------------------------------------------------------------------- the errors
+
+
+def install_errors(app: FastAPI) -> None:
+    """The API's errors as the one error body: 400 for malformed input (never a 500), the
+    route's own :class:`ApiError`, and a bug as a 500 whose body names no file, line or
+    value."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {
+                "loc": [str(p) for p in err.get("loc", ())],
+                "msg": str(err.get("msg", "")),
+                "type": str(err.get("type", "")),
+            }
+            for err in exc.errors()[:20]
+        ]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request", "type": ""}
+        if first["type"] == "json_invalid":  # say what is wrong, not where pydantic put it
+            raw = exc.errors()[0]
+            why = str((raw.get("ctx") or {}).get("error", "malformed"))
+            at = raw.get("loc", ("body", 0))[-1]
+            message = f"the body is not valid JSON ({why} at character {at}): send a JSON object"
+        else:
+            where = ".".join(first["loc"]) or "the request"
+            message = f"{where}: {first['msg']}"
+        body = error_body("invalid_request", message, {"errors": errors})
+        return JSONResponse(body, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> Response:
+        codes = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+        code = codes.get(exc.status_code, "http_error")
+        message = str(exc.detail) if exc.detail else code
+        return JSONResponse(
+            error_body(code, message), status_code=exc.status_code, headers=dict(exc.headers or {})
+        )
+
+    async def _storage(request: Request, exc: Exception) -> Response:
+        """A database that cannot write (its disk full or failing): the one clear 503, no
+        traceback. (Handled here, by type: Starlette's catch-all would log a traceback.)"""
+        if not is_storage_failure(exc):
+            return await _bug(request, exc)
+        log.error(
+            "%s %s: the database cannot write (%s)", request.method, request.url.path,
+            type(exc).__name__,
+        )  # fmt: skip
+        failed = storage_unavailable()
+        return JSONResponse(failed.body, status_code=failed.status, headers=failed.headers)
+
+    for kind in (OperationalError, StoreError, OSError):
+        app.add_exception_handler(kind, _storage)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> Response:
+        log.error(
+            "unexpected %s while serving %s %s",
+            type(exc).__name__,
+            request.method,
+            request.url.path,
+            exc_info=exc,
+        )
+        return JSONResponse(
+            error_body("internal_error", "the server failed; this is a bug"), status_code=500
+        )

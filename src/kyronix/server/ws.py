@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import time
@@ -30,19 +29,23 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kyronix import wire
 from kyronix.server import accounts
-from kyronix.server.relay import Peer, Relay, TunnelFailure
-from kyronix.server.relay.core import CLOSE_CLAIMED
-from kyronix.server.relay.peer import CLOSE_POLICY, FrameBudget, Verdict
-from kyronix.server.relay.pending import Answer
+from kyronix.server.relay import (
+    CLOSE_CLAIMED,
+    CLOSE_POLICY,
+    Answer,
+    FrameBudget,
+    Peer,
+    Relay,
+    TunnelFailure,
+    Verdict,
+)
 from kyronix.server.state import AppState
 
-__all__ = ["AUTH_WAIT_S", "REVOKE_POLL_S", "watch_revocations", "websocket_endpoint"]
+__all__ = ["AUTH_WAIT_S", "websocket_endpoint"]
 
 log = logging.getLogger("kyronix.server")
 
 AUTH_WAIT_S = 10.0
-REVOKE_POLL_S = 0.5
-"""How often the keys of open connections are checked for revocation."""
 CLOSE_TOO_BIG = 1009
 KNOWN = frozenset().union(*wire.SENT_BY.values()) | {"auth"}
 
@@ -215,10 +218,6 @@ async def _dispatch(relay: Relay, peer: Peer, text: str, waiters: dict[str, Any]
     return True
 
 
-def _revoked(keys: set[str], conn: Any) -> set[str]:
-    return accounts.revoked_among(conn, keys)
-
-
 def _unknown_request(request_id: str, what: str = "request") -> dict[str, Any]:
     return wire.error(
         "unknown_request",
@@ -245,27 +244,8 @@ async def _kml_request(
         await relay.request(
             peer.project_id, request_id, frame.kml, waiter, executer_id=frame.executer_id,
             timeout=frame.timeout or wire.DEFAULT_TIMEOUT_S, asker=peer,
+            session_id=frame.session_id,
         )  # fmt: skip
     except TunnelFailure as exc:
         waiters.pop(request_id, None)
         await peer.send(wire.error(exc.code, exc.message, execution_id=request_id))
-
-
-async def watch_revocations(state: AppState, every: float = REVOKE_POLL_S) -> None:
-    """Close, within ``every`` seconds, the connections whose key was revoked (by the CLI, the
-    dashboard, or another replica's): the key check is not only at the door."""
-    relay = state.relay
-    while True:
-        await asyncio.sleep(every)
-        keys = relay.key_ids()
-        if not keys:
-            continue
-        try:
-            revoked = await asyncio.to_thread(state.db.read, functools.partial(_revoked, keys))
-        except Exception:
-            log.warning("could not check the open connections' keys; trying again")
-            continue
-        for key_id in revoked:
-            closed = await relay.close_key(key_id, "the API key was revoked")
-            if closed:
-                log.info("closed %d tunnel connection(s) of a revoked key", closed)

@@ -157,14 +157,13 @@ def test_settling_charges_finishes_and_frees_the_session(w: World) -> None:
     assert outcome.credits_remaining == 100_000 - 700
     assert outcome.body()["creditsRemaining"] == 99.3
     assert w.db.read(lambda c: sessions.find(c, w.project, handle.session_id)).active_run is None
-    assert w.db.read(lambda c: records.session_of_execution(c, "exec_a", w.project)) == (
-        handle.session_id
-    )
+    issued = w.db.read(lambda c: records.sessions_of_executions(c, ["exec_a"], w.project))
+    assert issued == {"exec_a": handle.session_id}
 
 
 def test_a_replica_that_lost_the_run_charges_nothing_and_writes_nothing(w: World) -> None:
     handle, _, _ = admit(w)
-    elsewhere = Settlement(w.db, w.store, w.pool, "srv_paused")
+    elsewhere = Settlement(w.db, w.store, w.pool, "srv_paused", in_tx=True)
     outcome = Outcome(handle.id, handle.session_id, 200, response="<kyronix/>", cost=900)
     with pytest.raises(RunLost):
         w.db.write(functools.partial(elsewhere.settle_tx, outcome, w.project))
@@ -271,7 +270,6 @@ def test_results_of_a_plan_issued_earlier_are_found_in_the_database(w: World) ->
         await w.recorder.record(w.project, "req_2", [_entry("exec_2", "found")])
         await w.recorder.record("proj_other", "req_3", [_entry("exec_2", "not yours")])
         await w.recorder.record(w.project, "req_4", [_entry("exec_unknown", "nobody's")])
-        await w.recorder.close()  # the look-ups ran off the round trip
 
     asyncio.run(record())
     assert [v["requestId"] for v in _recorded(w, handle.session_id)] == ["req_2"]
@@ -339,3 +337,21 @@ def test_a_tool_the_executer_never_answered_is_an_entry_of_the_executers_own_typ
         "read_file", {"path": "a"}, "the tool crashed",
     )  # fmt: skip
     assert ResultEntry.from_dict(only).result.error_type == "server_error"
+
+
+def test_a_run_whose_custom_agent_was_deleted_is_interrupted_not_a_failed_start(w: World) -> None:
+    """A server-driven run of a custom agent deleted while it ran, left by a killed server: the
+    next start records it interrupted (and starts), instead of failing every start."""
+    from kyronix.server import custom_agents
+    from kyronix.server.schemas import CustomAgentCreate
+
+    spec = CustomAgentCreate(name="gone", tools=[{"name": "t", "params": ["a"]}])
+    agent = w.db.write(lambda c: custom_agents.create_agent(c, w.project, spec))
+    handle, _, _ = admit(w, agent="custom", custom_agent_id=agent.id, execute="tunnel")
+    w.db.write(lambda c: custom_agents.delete_agent(c, w.project, agent.id))
+    w.db.write(lambda c: _own(c, handle.id, "srv_dead"))
+    interrupted, resumable = w.runs.recovery.take_over(why="test")
+    assert interrupted == 0 and [r.id for r in resumable] == [handle.id]
+    asyncio.run(w.runs.recovery.resume(resumable))  # no exception: the start goes on
+    assert row_of(w, handle.id).status == "interrupted"
+    assert w.db.read(lambda c: billing.held(c, w.project)) == 0

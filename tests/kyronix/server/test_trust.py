@@ -445,3 +445,25 @@ def test_a_plan_result_is_recorded_once_and_only_entries_the_session_issued(home
     ids = [e["result"]["executionId"] for e in tools[0]["results"]]
     assert ids == plan["executionIds"]  # the foreign entry went nowhere
     assert [t.execution_id for t in kml.parse(plan["response"]).tools] == ids
+
+
+def test_a_request_that_names_its_session_records_only_into_that_session(home: Path) -> None:
+    _, key = bootstrap(home)
+    with serve_with(home) as srv:
+        mine, theirs = a_plan(srv, key), a_plan(srv, key)
+        ex, rt = dial(srv, key, "executer"), dial(srv, key)
+        send(rt, {"type": "kml_request", "executionId": "req_named", "sessionId":
+                  mine["sessionId"], "kmlResponse": theirs["response"]})  # fmt: skip
+        send(ex, answer(recv(ex)))
+        recv(rt)
+        # the client named its session: another session's entries are recorded nowhere
+        assert [m for m in chat(srv, key, theirs["sessionId"]) if m["role"] == "tool"] == []
+        assert [m for m in chat(srv, key, mine["sessionId"]) if m["role"] == "tool"] == []
+        send(rt, {"type": "kml_request", "executionId": "req_unnamed",
+                  "kmlResponse": theirs["response"]})  # fmt: skip
+        send(ex, answer(recv(ex)))
+        recv(rt)  # naming none, the session that issued the plan gets them
+        assert [m["requestId"] for m in chat(srv, key, theirs["sessionId"])
+                if m["role"] == "tool"] == ["req_unnamed"]  # fmt: skip
+        ex.close()
+        rt.close()

@@ -12,16 +12,13 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from html import escape
 
+from kyronix.server.config import credits_text
+
 __all__ = ["credits_text", "daily_spend", "spend_svg"]
 
 DAY_MS = 24 * 3600 * 1000
 WIDTH, HEIGHT = 640, 220
 LEFT, RIGHT, TOP, BOTTOM = 56, 8, 12, 28
-
-
-def credits_text(milli: int) -> str:
-    """Millicredits as credits, without trailing zeros: ``1500`` → ``1.5``."""
-    return f"{milli / 1000:,.3f}".rstrip("0").rstrip(".")
 
 
 def _day(ms: int) -> str:

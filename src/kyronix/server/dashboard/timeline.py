@@ -41,8 +41,7 @@ from kiso.kernel.events import (
     User,
 )
 from kyronix import kml
-from kyronix.server.agents import asked_text
-from kyronix.server.sessions import RESULT_KEY, RESULTS_KEY
+from kyronix.server.sessions import RESULT_KEY, RESULTS_KEY, asked
 
 __all__ = ["Entry", "Fact", "Item", "timeline"]
 
@@ -76,10 +75,6 @@ class Entry:
 
 def _json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
-
-
-def _asked(ev: User) -> str:
-    return ev.content if isinstance(ev.content, str) else asked_text(ev.content)
 
 
 def _result_item(entry: Any, issued: Mapping[str, str]) -> Item:
@@ -159,7 +154,7 @@ def timeline(events: Sequence[Event], issued: Mapping[str, str] | None = None) -
                     "user",
                     "User input" if not system else f"{ev.source} input",
                     "user" if not system else "",
-                    _asked(ev),
+                    asked(ev),
                     (("run", ev.run),),
                 )
             )

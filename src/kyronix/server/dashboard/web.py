@@ -33,6 +33,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from kyronix.errors import KyronixError
 from kyronix.server.accounts import Project
+from kyronix.server.config import credits_text
 from kyronix.server.errors import is_storage_failure
 from kyronix.server.users import (
     User,
@@ -90,12 +91,8 @@ def _when(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _credits(milli: int | None) -> str:
-    return f"{(milli or 0) / 1000:,.3f}".rstrip("0").rstrip(".")
-
-
 _env.filters["when"] = _when
-_env.filters["credits"] = _credits
+_env.filters["credits"] = credits_text
 
 
 class PageError(KyronixError):

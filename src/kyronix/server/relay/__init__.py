@@ -6,8 +6,19 @@ carries requests between replicas. The ``/ws`` route that feeds it is :mod:`kyro
 the relay knows nothing of the application's state.
 """
 
-from kyronix.server.relay.core import SILENT_S, Relay, ResultsHook
-from kyronix.server.relay.peer import Peer
-from kyronix.server.relay.pending import TunnelFailure
+from kyronix.server.relay.core import CLOSE_CLAIMED, SILENT_S, Relay, ResultsHook
+from kyronix.server.relay.peer import CLOSE_POLICY, FrameBudget, Peer, Verdict
+from kyronix.server.relay.pending import Answer, TunnelFailure
 
-__all__ = ["SILENT_S", "Peer", "Relay", "ResultsHook", "TunnelFailure"]
+__all__ = [
+    "CLOSE_CLAIMED",
+    "CLOSE_POLICY",
+    "SILENT_S",
+    "Answer",
+    "FrameBudget",
+    "Peer",
+    "Relay",
+    "ResultsHook",
+    "TunnelFailure",
+    "Verdict",
+]

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kyronix import wire
 from kyronix.server.relay.peer import Peer
 from kyronix.server.relay.pending import TunnelFailure
+from kyronix.server.tasks import Background
 
 if TYPE_CHECKING:
     from kyronix.server.cluster import Cluster, Where
@@ -33,7 +34,7 @@ class Connections:
         self.executers: dict[tuple[str, str], Peer] = {}
         self._arrived: dict[str, asyncio.Event] = {}  # project -> set when an executer connects
         self._presence: dict[tuple[str, str], asyncio.Lock] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Background("withdrawing an executer's presence")
 
     def connect(self, peer: Peer) -> None:
         self.peers.add(peer)
@@ -76,9 +77,7 @@ class Connections:
             return False
         del self.executers[key]
         if self.cluster is not None:
-            task = asyncio.ensure_future(self._withdraw(key))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.spawn(self._withdraw(key))
         return True
 
     def of_key(self, key_id: str) -> list[Peer]:
@@ -168,8 +167,7 @@ class Connections:
         return {key: int((peer.seen + offset) * 1000) for key, peer in self.executers.items()}
 
     async def close(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
 
 
 def claimed_message(executer_id: str) -> str:

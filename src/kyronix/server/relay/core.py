@@ -39,6 +39,7 @@ from kyronix.server.relay.pending import (
     deliver,
 )
 from kyronix.server.relay.remote import Remote, ReplicaSink
+from kyronix.server.tasks import Background
 
 if TYPE_CHECKING:
     from kyronix.server.cluster import Cluster, Where
@@ -47,15 +48,15 @@ __all__ = ["CLOSE_CLAIMED", "SILENT_S", "Relay", "ResultsHook"]
 
 log = logging.getLogger("kyronix.server")
 
-SILENT_S = 45.0
+SILENT_S = wire.SILENT_S
 """An executer heard nothing from for this long is dropped (it pings every 15 s)."""
-HEARTBEAT_S = 15.0
 CLOSE_CLAIMED = wire.CLOSE_CLAIMED
 """The executer id is held by another key's live connection."""
 
-ResultsHook = Callable[[str, str, Sequence[wire.EntryDict]], Awaitable[None]]
-"""``hook(project_id, request_id, results)``: record a runtime client's results (before the
-client gets them; keep it short: it is on the round trip)."""
+ResultsHook = Callable[[str, str, Sequence[wire.EntryDict], str | None], Awaitable[None]]
+"""``hook(project_id, request_id, results, session_id)``: record a runtime client's results
+(in ``session_id`` only, when the client named one), before the client gets them (keep it short:
+it is on the round trip)."""
 
 
 class _Sink(Protocol):
@@ -68,8 +69,11 @@ class Relay:
         on_results: ResultsHook | None = None,
         cluster: Cluster | None = None,
         limits: TunnelLimits | None = None,
+        revoked: Callable[[set[str]], set[str]] | None = None,
     ) -> None:
         self.limits = limits or TunnelLimits()
+        self.revoked = revoked
+        """``revoked(key ids)``: those of them revoked now (a blocking database read)."""
         self.connections = Connections(cluster)
         self.requests = Requests(
             kept_bytes=self.limits.kept_bytes, kept_bytes_project=self.limits.kept_bytes_project
@@ -78,7 +82,10 @@ class Relay:
         """A resolve in flight -> (who waits for its answer, the executer it was sent to)."""
         self.on_results = on_results
         self.remote = Remote(cluster, self.requests, self) if cluster is not None else None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._cluster = cluster
+        if cluster is not None:  # a key revoked anywhere: its connections here close at once
+            cluster.on("revoked", self._revoked_elsewhere)
+        self._tasks = Background("relaying")
 
     # -- connections -----------------------------------------------------------------------
 
@@ -127,6 +134,9 @@ class Relay:
         """The keys of the connections open now."""
         return self.connections.key_ids()
 
+    async def _revoked_elsewhere(self, body: dict[str, Any]) -> None:
+        await self.close_key(str(body["keyId"]), "the API key was revoked")
+
     def here(self, project_id: str, executer_id: str) -> bool:
         return self.connections.here(project_id, executer_id)
 
@@ -148,19 +158,14 @@ class Relay:
         wait_for_executer: bool = False,
         internal: bool = False,
         asker: Peer | None = None,
+        session_id: str | None = None,
     ) -> None:
         """Send a request on (or join the same one in flight, or answer it from the answers
         kept); ``waiter`` gets its frames. Raises :class:`TunnelFailure` (``no_executer``, or
         ``too_many_pending`` past the limits of ``asker``, the runtime connection, or of its
         project)."""
         key = (project_id, request_id)
-        kept = self.requests.kept_answer(key)
-        if kept is not None:
-            await waiter(kept)
-            return
-        pending = self.requests.pending.get(key)
-        if pending is not None:
-            self.requests.join(pending, waiter)
+        if await self._answered(key, waiter):
             return
         if asker is not None:
             self._check_room(asker)
@@ -178,8 +183,9 @@ class Relay:
         target = route.executer_id if isinstance(route, Peer) else route[1]
         assert target is not None
         pending = Pending(
-            project_id, request_id, target, kml, deadline, [waiter], internal, asker=asker
-        )
+            project_id, request_id, target, kml, deadline, [waiter], internal, asker=asker,
+            session_id=session_id,
+        )  # fmt: skip
         self.requests.add(pending, self._expire)
         if isinstance(route, Peer):
             pending.sent_to = route
@@ -188,6 +194,19 @@ class Relay:
         else:
             assert self.remote is not None
             await self.remote.send_on(pending, route[0])
+
+    async def _answered(self, key: tuple[str, str], waiter: Waiter) -> bool:
+        """Whether the request needs sending no more: its answer is kept (given to ``waiter``
+        now), or it is in flight (``waiter`` joins it)."""
+        kept = self.requests.kept_answer(key)
+        if kept is not None:
+            await waiter(kept)
+            return True
+        pending = self.requests.pending.get(key)
+        if pending is not None:
+            self.requests.join(pending, waiter)
+            return True
+        return False
 
     def _check_room(self, asker: Peer) -> None:
         limits = self.limits
@@ -211,12 +230,7 @@ class Relay:
         """A request another replica sent on for an executer connected here: relayed, its frames
         sent back to ``origin`` (which records the results and answers its client)."""
         key = (project_id, request_id)
-        kept = self.requests.kept_answer(key)
-        if kept is not None:
-            await waiter(kept)
-            return
-        if key in self.requests.pending:
-            self.requests.join(self.requests.pending[key], waiter)
+        if await self._answered(key, waiter):
             return
         route = self.connections.choose(project_id, executer_id)
         target = route.executer_id if route is not None else executer_id
@@ -251,7 +265,7 @@ class Relay:
                 f"the executer {pending.executer_id!r} did not answer in time; the request may "
                 f"still be running there: send the same request again to get its results",
             )
-        self._spawn(deliver(pending.waiters, wire.ErrorFrame(code, message, key[1])))
+        self._tasks.spawn(deliver(pending.waiters, wire.ErrorFrame(code, message, key[1])))
 
     async def result(self, peer: Peer, frame: wire.KmlResult, size: int) -> bool:
         """An executer's ``kml_result`` (``size``: its frame's bytes). False when it answers no
@@ -274,7 +288,9 @@ class Relay:
         relaying = pending.origin is not None  # the origin records it
         if self.on_results is not None and not relaying and not pending.internal:
             try:  # recorded first: a runtime that reads the session after its result came back
-                await self.on_results(project_id, result.request_id, result.results)  # finds it
+                await self.on_results(  # finds it
+                    project_id, result.request_id, result.results, pending.session_id
+                )
             except Exception:
                 log.exception("recording the results of request %s failed", result.request_id)
         await deliver(pending.waiters, result)
@@ -393,37 +409,22 @@ class Relay:
         """Send again the requests whose executer moved to (or died on) another replica."""
         return 0 if self.remote is None else await self.remote.reroute()
 
+    @property
+    def cluster(self) -> Cluster | None:
+        return self._cluster
+
     def heard(self) -> dict[tuple[str, str], int]:
         """When each executer connected here was last heard from (unix ms)."""
         return self.connections.heard()
 
     # -- housekeeping ----------------------------------------------------------------------
 
-    async def heartbeat_forever(self, every: float = HEARTBEAT_S) -> None:
-        """Drop executers that went silent (their pending requests wait for them to return)."""
-        while True:
-            await asyncio.sleep(every)
-            for peer in self.connections.silent(time.monotonic(), SILENT_S):
-                log.info(
-                    "executer %s of project %s went silent; dropped",
-                    peer.executer_id,
-                    peer.project_id,
-                )
-                self.detach(peer)
-                await peer.close(wire.CLOSE_SILENT, "no heartbeat for 45 s")
-
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def close(self) -> None:
         self.requests.clear()
         for peer in self.connections.executers_here():
             await peer.close(1001, "the server is shutting down")
         await self.connections.close()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
 
 
 def _with_request_id(frame: wire.Resolve, request_id: str) -> wire.Resolve:

@@ -69,6 +69,8 @@ class Pending:
     """The server's own request (the server-driven loop records its results itself)."""
     asker: Peer | None = None
     """The runtime connection that asked (its in-flight count)."""
+    session_id: str | None = None
+    """The session the runtime named (``sessionId``): its results are recorded there only."""
     sent_to: Peer | None = None
     """The executer connection this was last sent to: the only one whose answer counts."""
     lost: bool = False

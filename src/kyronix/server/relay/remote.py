@@ -73,9 +73,6 @@ class Remote:
 
     # -- sending on --------------------------------------------------------------------------
 
-    async def locate(self, project_id: str, executer_id: str | None) -> Where | None:
-        return await asyncio.to_thread(self.cluster.locate, project_id, executer_id)
-
     async def send_on(self, pending: Pending, replica: str) -> None:
         """Send a request on to the replica its executer is connected to."""
         pending.remote, pending.lost = replica, False

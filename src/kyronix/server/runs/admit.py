@@ -10,7 +10,6 @@ header and writer lease (``SqlSessionStore.create(connection=...)``): one transa
 
 from __future__ import annotations
 
-import json
 import secrets
 from pathlib import Path
 from typing import Any
@@ -20,14 +19,14 @@ from sqlalchemy import Connection
 from kiso.kernel import SessionStore
 from kyronix.errors import KyronixError
 from kyronix.server import billing, custom_agents, sessions
-from kyronix.server.agents import Persona, builtin_persona, custom_persona
+from kyronix.server.agents import Persona
 from kyronix.server.config import ServerConfig, to_credits
 from kyronix.server.db import Database
 from kyronix.server.errors import ApiError, not_found
 from kyronix.server.runs import records
 from kyronix.server.runs.handle import LiveRuns, RunHandle, RunRequest
 
-__all__ = ["Admission", "Admitted", "RunningElsewhere", "persona_of"]
+__all__ = ["Admission", "Admitted", "RunningElsewhere"]
 
 Admitted = tuple[RunHandle, Persona | None, bool]
 """(the run's handle, the persona to run it with, True if it is new)."""
@@ -39,16 +38,6 @@ class RunningElsewhere(KyronixError):
     def __init__(self, row: Any) -> None:
         super().__init__(row.id)
         self.row = row
-
-
-def persona_of(conn: Connection, project_id: str, agent: str, custom: str | None) -> Persona:
-    """The persona of a built-in agent, or of the project's custom agent ``custom``."""
-    if custom is None:
-        return builtin_persona(agent)
-    row = custom_agents.find_agent(conn, project_id, custom)
-    if row is None:
-        raise ApiError(404, "agent_not_found", f"no custom agent {custom!r} in this project")
-    return custom_persona(row.id, row.name, row.description, json.loads(row.tools))
 
 
 class Admission:
@@ -120,7 +109,7 @@ class Admission:
                 )
             if custom is None:
                 custom = srow.custom_agent_id
-        persona = persona_of(conn, req.project_id, req.agent, custom)
+        persona = custom_agents.persona_of(conn, req.project_id, req.agent, custom)
         run_id = f"run_{secrets.token_hex(12)}"
         self._reserve(conn, req.project_id, run_id)
         if new_session:

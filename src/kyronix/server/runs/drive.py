@@ -23,11 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from kiso.kernel import Assistant, SettingChanged
+from kiso.kernel import Assistant
 from kiso.kernel import Outcome as RunOutcome
 from kiso.runtime import Agent, Compaction, ModelTurn, RunEvent, Session, Terminal, TextDelta
 from kyronix.server.agents import Persona
@@ -40,7 +40,7 @@ from kyronix.server.runs.outcome import Meter, Outcome
 from kyronix.server.runs.pool import SessionKey, SessionPool
 from kyronix.server.runs.results import ResultsRecorder
 from kyronix.server.runs.settle import RunLost, Settlement, end_open_run
-from kyronix.server.sessions import RESULT_KEY
+from kyronix.server.tasks import Background
 
 __all__ = ["Attempt", "Course", "Driver", "Mode"]
 
@@ -124,7 +124,7 @@ class Driver:
         self.follower = follower
         self.plan = plan
         self.tunnel = tunnel
-        self._background: set[asyncio.Task[None]] = set()
+        self._retries = Background("a settle retry")
 
     def launch(
         self, handle: RunHandle, persona: Persona, req: RunRequest, *, resume: bool = False
@@ -203,7 +203,7 @@ class Driver:
         failed = storage_unavailable()
         body = error_body(failed.code, failed.message, {"runId": handle.id})
         handle.finish(503, body)
-        self._spawn(self._settle_later(handle.id))
+        self._retries.spawn(self._settle_later(handle.id))
 
     async def _settle_later(self, run_id: str) -> None:
         delay = SETTLE_RETRY_S
@@ -217,17 +217,9 @@ class Driver:
             log.info("run %s: the database writes again; the run is settled", run_id)
             return
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     async def close(self) -> None:
         """Stop the background retries (a run still unsettled is settled at the next start)."""
-        for task in list(self._background):
-            task.cancel()
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._retries.close(cancel=True)
 
     async def _cut(self, handle: RunHandle, why: str) -> None:
         await self.settlement.interrupt_handle(handle, why)
@@ -257,12 +249,10 @@ class Driver:
         try:
             course = mode.course(handle, session, persona, req, resume=resume)
             outcome = await self._drive(handle, course)
-            record = outcome.record()
-            if record is not None and not outcome.staged:
-                session.stage(SettingChanged(key=RESULT_KEY, value=record))
+            if not outcome.staged:
+                self.settlement.stage(session, outcome, handle.project_id)
                 await session.committed()
-            if outcome.settle_seq is not None:
-                outcome.settled = session.writer.durable_seq >= outcome.settle_seq
+            self.settlement.committed(session, outcome)
             keep = True
             return outcome
         except BaseException:

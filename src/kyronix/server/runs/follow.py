@@ -8,13 +8,13 @@ takes the run over meanwhile, the handle follows this replica's own run instead.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from typing import Any
 
 from kyronix.server.db import Database
 from kyronix.server.errors import error_body
 from kyronix.server.runs import records
 from kyronix.server.runs.handle import LiveRuns, RunHandle
+from kyronix.server.tasks import Background
 
 __all__ = ["POLL_S", "Follower"]
 
@@ -27,7 +27,7 @@ class Follower:
         self.db = db
         self.live = live
         self._watching: dict[str, RunHandle] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Background("following a run")
 
     def watch(self, row: Any) -> RunHandle:
         """A handle for a run another replica runs (one per run, however many watch it)."""
@@ -42,7 +42,7 @@ class Follower:
             finally:
                 self._watching.pop(row.id, None)
 
-        self._spawn(follow())
+        self._tasks.spawn(follow())
         return handle
 
     async def answer_from_row(self, handle: RunHandle) -> None:
@@ -52,7 +52,7 @@ class Follower:
         if row is None:
             handle.finish(500, error_body("internal_error", "the run is gone"))
             return
-        self._spawn(self._follow(handle, row, ours_later=False))
+        self._tasks.spawn(self._follow(handle, row, ours_later=False))
 
     async def _follow(self, handle: RunHandle, row: Any, *, ours_later: bool) -> None:
         while True:
@@ -77,13 +77,5 @@ class Follower:
                 return
             await asyncio.sleep(POLL_S)
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close(cancel=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from kiso.kernel import Assistant, SettingChanged
+from kiso.kernel import Assistant
 from kiso.runtime import Agent, RunEvent, Session
 from kiso.runtime.rules import RulesFile
 from kyronix import kml
@@ -25,7 +25,7 @@ from kyronix.server.runs.drive import Attempt
 from kyronix.server.runs.handle import RunHandle, RunRequest
 from kyronix.server.runs.outcome import Meter, Outcome, charge
 from kyronix.server.runs.settle import Settlement
-from kyronix.server.sessions import RESULT_KEY, with_results
+from kyronix.server.sessions import with_results
 
 __all__ = ["PlanMode"]
 
@@ -44,15 +44,12 @@ class PlanMode:
         store: object,
         workspace: Path,
         settlement: Settlement,
-        in_tx: bool,
     ) -> None:
         self.config = config
         self.models = models
         self.store = store
         self.workspace = workspace
         self.settlement = settlement
-        self.in_tx = in_tx
-        """Settle the charge in the transaction of the batch that records the answer."""
         self._rules = RulesFile(config.home / "rules.json")  # never written: no tool runs here
         self._agents: dict[str, Agent] = {}
 
@@ -118,15 +115,8 @@ class PlanCourse:
             cost=charge(self.mode.config, meter.usd), usage=meter.usage,
             texts=[*self.texts, text], issues_ids=True,
         )  # fmt: skip
-        # recorded with the turn's run_ended: one commit, not two
-        (staged,) = self.session.stage(
-            SettingChanged(key=RESULT_KEY, value=outcome.record(), run=turn.run)
-        )
-        outcome.staged = True
-        if self.mode.in_tx:  # and charged in that same transaction
-            self.mode.settlement.attach_to(
-                self.session.writer, outcome, handle.project_id, staged.seq
-            )
+        # recorded (and charged) with the turn's run_ended: one commit, not two
+        self.mode.settlement.stage(self.session, outcome, handle.project_id, run=turn.run)
         self.accepted = outcome
 
     async def end(

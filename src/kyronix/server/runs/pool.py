@@ -20,10 +20,17 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from kiso.kernel import SessionLockedError, SessionNotFoundError, SessionStore, SettingChanged
+from kiso.kernel import (
+    SessionLockedError,
+    SessionNotFoundError,
+    SessionStore,
+    SessionWriter,
+    SettingChanged,
+)
 from kiso.runtime import Agent, Session
 from kyronix.server.agents import Persona
 from kyronix.server.sessions import RESULTS_KEY
@@ -34,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["IDLE_S", "OPEN_SESSIONS", "RELEASE_WAIT_S", "SessionKey", "SessionPool"]
 
 log = logging.getLogger("kyronix.server")
+T = TypeVar("T")
 
 OPEN_SESSIONS = 256
 """How many idle kiso sessions stay open (their writer lease held) for their next run."""
@@ -189,9 +197,18 @@ class SessionPool:
             await asyncio.to_thread(self._append_closed, session_id, value)
 
     def _append_closed(self, session_id: str, value: dict[str, Any]) -> None:
+        self.write_closed(
+            session_id, lambda w: w.append(SettingChanged(key=RESULTS_KEY, value=value))
+        )
+
+    def write_closed(self, session_id: str, fn: Callable[[SessionWriter], T]) -> T:
+        """``fn(writer)`` on the session's log, opened for it (closed in this process first if
+        it was kept open here) and closed after. Raises
+        :class:`~kiso.kernel.SessionNotFoundError` and :class:`~kiso.kernel.SessionLockedError`."""
+        self.evict(session_id)
         writer = self.store.open(session_id)
         try:
-            writer.append(SettingChanged(key=RESULTS_KEY, value=value))
+            return fn(writer)
         finally:
             writer.close()
 

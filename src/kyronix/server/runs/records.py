@@ -28,7 +28,6 @@ __all__ = [
     "page",
     "record_issued",
     "running_elsewhere",
-    "session_of_execution",
     "sessions_of_executions",
     "totals",
 ]
@@ -58,9 +57,6 @@ _FINISH = (
     )
 )
 _NEW_EXECUTION = executions.insert()
-_EXECUTION = select(executions.c.session_id).where(
-    (executions.c.id == bindparam("b_id")) & (executions.c.project_id == bindparam("b_project"))
-)
 
 
 def by_idempotency_key(conn: Connection, project_id: str, key: str) -> Any | None:
@@ -176,12 +172,6 @@ def record_issued(
             for eid in execution_ids
         ],
     )  # fmt: skip
-
-
-def session_of_execution(conn: Connection, execution_id: str, project_id: str) -> str | None:
-    """The session whose plan issued the tool id (of this project), or None."""
-    row = conn.execute(_EXECUTION, {"b_id": execution_id, "b_project": project_id}).first()
-    return None if row is None else str(row.session_id)
 
 
 def sessions_of_executions(

@@ -19,15 +19,13 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from kyronix.server import billing
+from kyronix.server import billing, custom_agents
 from kyronix.server.config import ServerConfig
 from kyronix.server.db import Database, now_ms
-from kyronix.server.relay import Relay
+from kyronix.server.errors import ApiError
 from kyronix.server.runs import records
-from kyronix.server.runs.admit import persona_of
 from kyronix.server.runs.drive import Driver
 from kyronix.server.runs.handle import LiveRuns, RunHandle, RunRequest
-from kyronix.server.runs.pool import IDLE_S, SessionPool
 from kyronix.server.runs.settle import Settlement
 
 if TYPE_CHECKING:
@@ -48,8 +46,6 @@ class Recovery:
         settlement: Settlement,
         driver: Driver,
         live: LiveRuns,
-        pool: SessionPool,
-        relay: Relay,
         cluster: Cluster | None = None,
     ) -> None:
         self.config = config
@@ -58,8 +54,6 @@ class Recovery:
         self.settlement = settlement
         self.driver = driver
         self.live = live
-        self.pool = pool
-        self.relay = relay
         self.cluster = cluster
 
     def at_start(self) -> tuple[int, list[Any]]:
@@ -85,19 +79,28 @@ class Recovery:
         resumable = [r for r in claimed if r.mode == "tunnel"]
         for row in claimed:
             if row not in resumable:
-                self.settlement.interrupt(row.id, why)
+                self._interrupt(row.id, why)
         if claimed:
             log.info("took over %d run(s) left by a stopped server (%s)", len(claimed), why)
         return len(claimed) - len(resumable), resumable
 
     async def resume(self, rows: list[Any]) -> None:
         """Carry on the server-driven runs a stopped server left running: each resumes from its
-        session's log and sends its tool requests again, with the same ids."""
+        session's log and sends its tool requests again, with the same ids. One that cannot be
+        resumed (its custom agent was deleted meanwhile) is recorded interrupted: it never holds
+        up the others, nor the server's start."""
         for row in rows:
-            persona = await asyncio.to_thread(
-                self.db.read,
-                lambda c, r=row: persona_of(c, r.project_id, r.agent, r.custom_agent_id),
-            )
+            try:
+                persona = await asyncio.to_thread(
+                    self.db.read,
+                    lambda c, r=row: custom_agents.persona_of(
+                        c, r.project_id, r.agent, r.custom_agent_id
+                    ),
+                )
+            except ApiError as exc:
+                log.warning("run %s cannot be resumed: %s", row.id, exc.message)
+                await asyncio.to_thread(self._interrupt, row.id, exc.message)
+                continue
             req = RunRequest(
                 project_id=row.project_id, agent=row.agent, input=row.input or "",
                 session_id=row.session_id, custom_agent_id=row.custom_agent_id,
@@ -108,22 +111,17 @@ class Recovery:
             log.info("run %s resumed from its session log (server-driven)", handle.id)
 
     async def watch_replicas_forever(self) -> None:
-        """With several replicas: renew this one's heartbeat, and take over the runs of any that
-        died; each beat."""
+        """With several replicas: take over the runs of any that died; each beat."""
         assert self.cluster is not None
-        cluster = self.cluster
+        beat = self.cluster.beat
         while True:
-            await asyncio.sleep(cluster.beat)
+            await asyncio.sleep(beat)
             try:
-                await asyncio.to_thread(cluster.heartbeat)
-                await asyncio.to_thread(cluster.prune)
-                await asyncio.to_thread(cluster.seen, self.relay.heard())
-                await self.relay.reroute()
                 _, resumable = await asyncio.to_thread(self.take_over, why="replica lost")
                 if resumable:
                     await self.resume(resumable)
             except Exception:
-                log.exception("the replica heartbeat failed; it runs again in %gs", cluster.beat)
+                log.exception("taking over a lost replica's runs failed; again in %gs", beat)
 
     def sweep_holds(self, live: set[str]) -> int:
         """Settle the holds that expired: their runs are interrupted (unless running here, or
@@ -135,17 +133,26 @@ class Recovery:
         for run_id in expired:
             if run_id in live:
                 continue
-            self.settlement.interrupt(run_id, "hold expired")
-            self.settlement.release_expired(run_id)
-            count += 1
+            if self._interrupt(run_id, "hold expired"):
+                self.settlement.release_expired(run_id)
+                count += 1
         return count
+
+    def _interrupt(self, run_id: str, why: str) -> bool:
+        """Record the run interrupted; a failure is logged (the next sweep tries again), never
+        in the way of the other runs or of the server's start."""
+        try:
+            self.settlement.interrupt(run_id, why)
+        except Exception as exc:
+            log.warning("run %s could not be recorded interrupted yet (%s)", run_id,
+                        type(exc).__name__)  # fmt: skip
+            return False
+        return True
 
     async def sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(self.config.sweep_interval)
             try:
                 await asyncio.to_thread(self.sweep_holds, self.live.running_ids())
-                await asyncio.to_thread(self.pool.close_idle, IDLE_S)
-                self.live.forget_old()
             except Exception:
                 log.exception("the hold sweep failed; it runs again later")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kiso.kernel import SessionLockedError
@@ -66,7 +66,6 @@ class ResultsRecorder:
         """Plan tool ids this process issued -> (project, session): where their results go."""
         self._recorded: OrderedDict[str, None] = OrderedDict()
         """Tool ids whose result was recorded (a result comes into its session once)."""
-        self._background: set[asyncio.Task[Any]] = set()
         if cluster is not None:
             cluster.on("record", self._forwarded)
 
@@ -77,11 +76,19 @@ class ResultsRecorder:
         while len(self._issued) > ISSUED_KEPT:
             self._issued.popitem(last=False)
 
-    async def record(self, project_id: str, request_id: str, results: Sequence[Any]) -> None:
+    async def record(
+        self,
+        project_id: str,
+        request_id: str,
+        results: Sequence[Any],
+        session_id: str | None = None,
+    ) -> None:
         """The relay's hook: a ``kml_result`` of the project answered a request it sent. Each
         entry goes to the session that issued its tool id, once (an entry whose id no session
-        of the project issued, or that was recorded already, goes nowhere); ids this process did
-        not issue are looked up off the round trip."""
+        of the project issued, or that was recorded already, goes nowhere; with ``session_id``,
+        the session the client named, only its own entries go anywhere); ids this process did
+        not issue are looked up in ``kx_executions`` (one indexed query). Recorded before the
+        runtime client gets the result: a client that reads the session then finds it."""
         known: dict[str, list[Any]] = {}
         unknown: list[tuple[str, Any]] = []
         for entry in results:
@@ -93,14 +100,17 @@ class ResultsRecorder:
                 known.setdefault(issued[1], []).append(entry)
             elif issued is None:
                 unknown.append((eid, entry))
-        for session_id, entries in known.items():
-            await self._deliver_entries(session_id, request_id, entries)
         if unknown:
-            self._spawn(self._look_up(project_id, request_id, unknown))
+            for found, entries in (await self._look_up(project_id, request_id, unknown)).items():
+                known.setdefault(found, []).extend(entries)
+        for target, entries in known.items():
+            if session_id is None or target == session_id:
+                await self._deliver_entries(target, request_id, entries)
 
     async def _look_up(
         self, project_id: str, request_id: str, entries: list[tuple[str, Any]]
-    ) -> None:
+    ) -> dict[str, list[Any]]:
+        """The entries by the session that issued them (of this project; others: nowhere)."""
         ids = [eid for eid, _ in entries]
         try:
             owners = await asyncio.to_thread(
@@ -108,13 +118,12 @@ class ResultsRecorder:
             )
         except Exception:
             log.warning("could not look up the sessions of request %s", request_id)
-            return
+            return {}
         by_session: dict[str, list[Any]] = {}
         for eid, entry in entries:
             if eid in owners:  # else: not a plan of this server's
                 by_session.setdefault(owners[eid], []).append(entry)
-        for session_id, found in by_session.items():
-            await self._deliver_entries(session_id, request_id, found)
+        return by_session
 
     async def _deliver_entries(self, session_id: str, request_id: str, entries: list[Any]) -> None:
         for entry in entries:
@@ -135,7 +144,11 @@ class ResultsRecorder:
         except SessionLockedError:
             # another replica has the session open (running it, or idle between its runs): it
             # records them, as this one would
-            holder = None if forwarded else await asyncio.to_thread(self.pool.holder_of, target)
+            holder = (
+                None
+                if forwarded or self.cluster is None
+                else await asyncio.to_thread(self.cluster.lease_holder, target)
+            )
             if holder is not None and self.cluster is not None:
                 await self.cluster.send(holder, "record", {"session": target, "value": value})
                 return
@@ -146,12 +159,3 @@ class ResultsRecorder:
 
     async def _forwarded(self, body: dict[str, Any]) -> None:
         await self._deliver(str(body["session"]), body["value"], forwarded=True)
-
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def close(self) -> None:
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)

@@ -36,7 +36,7 @@ from kyronix.server.runs.drive import Driver
 from kyronix.server.runs.follow import Follower
 from kyronix.server.runs.handle import LiveRuns, RunHandle, RunRequest
 from kyronix.server.runs.plan import PlanMode
-from kyronix.server.runs.pool import SessionPool
+from kyronix.server.runs.pool import IDLE_S, SessionPool
 from kyronix.server.runs.recover import Recovery
 from kyronix.server.runs.results import ResultsRecorder
 from kyronix.server.runs.settle import Settlement
@@ -77,10 +77,9 @@ class Runs:
         in_tx = isinstance(store, SqlSessionStore) and store.engine is db.engine
         workspace = config.sessions_dir
         self.live = LiveRuns()
-        self.settlement = Settlement(db, store, pool, self.owner)
+        self.settlement = Settlement(db, store, pool, self.owner, in_tx=in_tx)
         self.follower = Follower(db, self.live)
-        modes: dict[str, Any] = {"store": store, "workspace": workspace, "in_tx": in_tx,
-                                 "settlement": self.settlement}  # fmt: skip
+        modes: dict[str, Any] = {"store": store, "workspace": workspace}
         self.driver = Driver(
             config,
             pool=pool,
@@ -88,7 +87,7 @@ class Runs:
             recorder=recorder,
             live=self.live,
             follower=self.follower,
-            plan=PlanMode(config, models, **modes),
+            plan=PlanMode(config, models, settlement=self.settlement, **modes),
             tunnel=TunnelMode(config, models, relay=relay, id_key=id_key, **modes),
         )
         hold = config.minimum_charge if models.scripted else config.hold
@@ -98,7 +97,7 @@ class Runs:
         )  # fmt: skip
         self.recovery = Recovery(
             config, db, owner=self.owner, settlement=self.settlement, driver=self.driver,
-            live=self.live, pool=pool, relay=relay, cluster=cluster,
+            live=self.live, cluster=cluster,
         )  # fmt: skip
 
     async def start(self, req: RunRequest) -> tuple[RunHandle, bool]:
@@ -162,10 +161,23 @@ class Runs:
             log.info("start sweep: %d run(s) left by a stopped server recorded interrupted", stale)
         await self.recovery.resume(resumable)
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self.recovery.sweep_forever())]
+        tasks = [
+            loop.create_task(self.recovery.sweep_forever()),
+            loop.create_task(self._tidy_forever()),
+        ]
         if self.cluster is not None:
             tasks.append(loop.create_task(self.recovery.watch_replicas_forever()))
         return tasks
+
+    async def _tidy_forever(self) -> None:
+        """Close the kiso sessions idle too long; forget the handles of runs done long ago."""
+        while True:
+            await asyncio.sleep(self.config.sweep_interval)
+            try:
+                await asyncio.to_thread(self.pool.close_idle, IDLE_S)
+                self.live.forget_old()
+            except Exception:
+                log.exception("closing idle sessions failed; it runs again later")
 
     async def shutdown(self, timeout: float) -> None:
         """Let running runs finish for up to ``timeout`` seconds; the rest are interrupted."""
@@ -174,7 +186,6 @@ class Runs:
         await self.live.drain(timeout)
         await self.driver.close()
         await self.follower.close()
-        await self.recorder.close()
 
     def close_idle(self) -> int:
         """Close every kiso session kept open between runs (at shutdown)."""

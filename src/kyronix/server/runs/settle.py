@@ -24,8 +24,10 @@ from kiso.kernel import (
     ModelRef,
     RunEnded,
     RunStarted,
+    SessionLockedError,
     SessionNotFoundError,
     SessionStore,
+    SessionWriter,
     SettingChanged,
     User,
     new_id,
@@ -34,8 +36,11 @@ from kiso.kernel import (
 from kiso.kernel import (
     Outcome as RunOutcome,
 )
+from kiso.kernel.sql import SqlWriter
+from kiso.runtime import Session
 from kyronix.errors import KyronixError
 from kyronix.server import billing, sessions
+from kyronix.server.config import credits_text
 from kyronix.server.db import Database
 from kyronix.server.runs import records
 from kyronix.server.runs.handle import RunHandle
@@ -53,11 +58,45 @@ class RunLost(KyronixError):
 
 
 class Settlement:
-    def __init__(self, db: Database, store: SessionStore, pool: SessionPool, owner: str) -> None:
+    def __init__(
+        self, db: Database, store: SessionStore, pool: SessionPool, owner: str, *, in_tx: bool
+    ) -> None:
         self.db = db
         self.store = store
         self.pool = pool
         self.owner = owner
+        self.in_tx = in_tx
+        """The session store is this database: a run's charge is settled in the transaction of
+        the batch that records its answer."""
+
+    # -- an outcome into the log -----------------------------------------------------------
+
+    def stage(
+        self, session: Session, outcome: Outcome, project_id: str, *, run: str | None = None
+    ) -> None:
+        """Stage the outcome's record in the run's kiso session (durable with the session's next
+        batch: the turn's ``run_ended``, when ``run`` is that turn's run) and, on the SQL store,
+        settle the run in that batch's transaction: the answer and its charge are durable
+        together, or neither is."""
+        record = outcome.record()
+        if record is None:
+            return
+        value = (
+            SettingChanged(key=RESULT_KEY, value=record, run=run)
+            if run
+            else SettingChanged(key=RESULT_KEY, value=record)
+        )
+        (staged,) = session.stage(value)
+        outcome.staged = True
+        writer = session.writer
+        if self.in_tx and isinstance(writer, SqlWriter):
+            writer.attach(functools.partial(self.settle_tx, outcome, project_id), seq=staged.seq)
+            outcome.settle_seq = staged.seq
+
+    def committed(self, session: Session, outcome: Outcome) -> None:
+        """After the session's batches: whether the settle attached to one committed with it."""
+        if outcome.settle_seq is not None:
+            outcome.settled = session.writer.durable_seq >= outcome.settle_seq
 
     # -- an answer -------------------------------------------------------------------------
 
@@ -89,11 +128,6 @@ class Settlement:
                 conn, outcome.execution_ids, project_id, outcome.session_id, outcome.run_id
             )
 
-    def attach_to(self, writer: Any, outcome: Outcome, project_id: str, seq: int) -> None:
-        """Settle in the transaction of the batch that makes event ``seq`` durable."""
-        writer.attach(functools.partial(self.settle_tx, outcome, project_id), seq=seq)
-        outcome.settle_seq = seq
-
     async def settle(self, handle: RunHandle, outcome: Outcome) -> None:
         """Settle the run (unless the batch that recorded its answer already did) and answer
         whoever watches it. Raises :class:`RunLost`."""
@@ -102,7 +136,8 @@ class Settlement:
                 self.db.write, functools.partial(self.settle_tx, outcome, handle.project_id)
             )
         handle.finish(outcome.http_status, outcome.body())
-        log.info("run %s finished %s (cost %s)", handle.id, outcome.http_status, outcome.cost)
+        cost = "nothing" if outcome.cost is None else f"{credits_text(outcome.cost)} credits"
+        log.info("run %s finished %s (charged %s)", handle.id, outcome.http_status, cost)
 
     # -- cut short -------------------------------------------------------------------------
 
@@ -146,17 +181,8 @@ class Settlement:
         """End the run's open kiso run (``error: interrupted``) and record the outcome. A run
         whose input never became durable (it is written with the model's turn) gets it back
         from its row, so the log shows what was asked and that it was interrupted."""
-        self.pool.evict(session_id)
-        try:
-            writer = self.store.open(session_id)
-        except SessionNotFoundError:
-            return  # the run never reached its session: nothing to record there
-        except Exception:
-            log.warning(
-                "could not open session %s to record run %s as interrupted", session_id, run_id
-            )
-            return
-        try:
+
+        def record(writer: SessionWriter) -> None:
             for ev in writer.events:
                 if (
                     isinstance(ev, SettingChanged)
@@ -176,8 +202,15 @@ class Settlement:
                 )  # fmt: skip
             end_open_run(writer, run_id, f"the server stopped ({why})")
             writer.append(SettingChanged(key=RESULT_KEY, value=interrupted_record(run_id)))
-        finally:
-            writer.close()
+
+        try:
+            self.pool.write_closed(session_id, record)
+        except SessionNotFoundError:
+            return  # the run never reached its session: nothing to record there
+        except SessionLockedError:
+            log.warning(
+                "could not open session %s to record run %s as interrupted", session_id, run_id
+            )
 
 
 def end_open_run(writer: Any, run_id: str, why: str) -> None:

@@ -33,7 +33,6 @@ from kiso.kernel import (
     SettingChanged,
 )
 from kiso.kernel.execution import call_execution_id, request_id_of
-from kiso.kernel.sql import SqlWriter
 from kiso.runtime import Agent, RunEvent, Session
 from kiso.runtime.rules import RulesFile
 from kiso.tools.base import Tool, ToolContext, ToolResult, define_tool
@@ -47,7 +46,6 @@ from kyronix.server.relay import Relay, TunnelFailure
 from kyronix.server.runs.drive import Attempt
 from kyronix.server.runs.handle import TAKEN_OVER, RunHandle, RunRequest
 from kyronix.server.runs.outcome import Meter, Outcome, charge
-from kyronix.server.runs.settle import Settlement
 from kyronix.server.sessions import RESULT_KEY, with_results
 from kyronix.wire import EntryDict
 
@@ -78,8 +76,6 @@ class TunnelMode:
         store: SessionStore,
         workspace: Path,
         relay: Relay,
-        settlement: Settlement,
-        in_tx: bool,
         id_key: bytes,
     ) -> None:
         self.config = config
@@ -87,8 +83,6 @@ class TunnelMode:
         self.store = store
         self.workspace = workspace
         self.relay = relay
-        self.settlement = settlement
-        self.in_tx = in_tx
         self.id_key = id_key
         """Keys the tools' execution ids and request ids (the server's secret, derived)."""
         self._rules = RulesFile(config.home / "rules.json")  # never written: nobody asks here
@@ -124,22 +118,18 @@ class TunnelMode:
                         project_id, request_id_of(exec_id, key), envelope, timeout=TIMEOUT_S
                     )
                 except TunnelFailure as exc:
-                    failed = {"tool": name, "result": {"success": False, "error": exc.message,
-                              "errorType": exc.code, "executionId": exec_id}}  # fmt: skip
+                    failed = failed_entry(name, args, exec_id, exc.message, exc.code)
                     return ToolResult(json.dumps(failed), is_error=True)
-                entry: dict[str, Any]
+                entry: EntryDict
                 if frame.results:
-                    entry = dict(frame.results[0])
+                    entry = frame.results[0]
+                elif frame.error is not None:
+                    message, code = frame.error["message"], frame.error["code"]
+                    entry = failed_entry(name, args, exec_id, message, code)
                 else:
-                    why = (
-                        frame.error["message"] if frame.error else "the executer returned no result"
-                    )
-                    entry = {
-                        "tool": name,
-                        "result": {"success": False, "error": why, "executionId": exec_id},
-                    }
-                result = entry.get("result")
-                ok = isinstance(result, dict) and result.get("success") is True
+                    why = "the executer returned no result"
+                    entry = failed_entry(name, args, exec_id, why, "executer_error")
+                ok = entry["result"].get("success") is True
                 return ToolResult(json.dumps(entry), is_error=not ok)
 
             tools.append(
@@ -211,14 +201,7 @@ class TunnelCourse:
             results=results, cost=charge(self.mode.config, meter.usd), usage=meter.usage,
             texts=list(handle.texts),
         )  # fmt: skip
-        if self.mode.in_tx:  # the answer, its results and the charge: one transaction
-            (staged,) = session.stage(SettingChanged(key=RESULT_KEY, value=outcome.record()))
-            outcome.staged = True
-            writer = session.writer
-            assert isinstance(writer, SqlWriter)
-            self.mode.settlement.attach_to(writer, outcome, handle.project_id, staged.seq)
-            await session.committed()
-        return outcome
+        return outcome  # recorded, with its results and its charge, in one transaction
 
 
 async def _nothing() -> AsyncIterator[RunEvent]:
