@@ -20,6 +20,7 @@ server's dependencies (ARCHITECTURE.md rule 6). Nothing here does I/O.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -313,6 +314,19 @@ class _Bad(KyronixUsageError):
         self.request_id = request_id
 
 
+class _NonFinite:
+    """What ``NaN``, ``Infinity`` and a number too large for a float decode to while a frame is
+    read: the frame is refused (relayed, stored or shown, it would be JSON nobody else can
+    read: PostgreSQL's ``jsonb``, a browser's ``JSON.parse``)."""
+
+    def __repr__(self) -> str:
+        return "NaN"
+
+
+_NONFINITE = _NonFinite()
+NONFINITE_REASON = "a number JSON has no place for (NaN, Infinity, or too large for a float)"
+
+
 def _too_deep(value: object, limit: int) -> bool:
     """Whether ``value`` nests deeper than ``limit`` (iterative: no recursion to exhaust)."""
     stack: list[tuple[object, int]] = [(value, 1)]
@@ -331,22 +345,47 @@ def _too_deep(value: object, limit: int) -> bool:
 
 
 def decode(text: str | bytes | bytearray | None) -> dict[str, Any] | BadFrame:
-    """One frame as a JSON object with a string ``type``, or a :class:`BadFrame` (its fields
-    and their nesting are checked by :func:`from_dict`)."""
+    """One frame as a JSON object with a string ``type``, its nesting within
+    :data:`MAX_DEPTH` and every number finite, or a :class:`BadFrame` (its fields are checked
+    by :func:`from_dict`). The checks cost little beside the parse: nesting is walked only when
+    the text has more brackets than the limit, and numbers are looked at as they are read."""
     if text is None:
         return BadFrame("send JSON text frames")
     if not isinstance(text, str):
         return BadFrame("a binary frame; every tunnel frame is JSON text")
+    nonfinite: list[str] = []
+
+    def constant(name: str) -> Any:
+        nonfinite.append(name)
+        return _NONFINITE
+
+    def number(literal: str) -> Any:
+        value = float(literal)
+        if math.isinf(value):
+            nonfinite.append(literal[:20])
+            return _NONFINITE
+        return value
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=constant, parse_float=number)
     except RecursionError:  # the parser's own bound on nesting (200,000 '[' in a frame)
         return BadFrame(f"the frame's JSON nests deeper than {MAX_DEPTH} levels")
     except ValueError as exc:
         return BadFrame(f"not JSON ({str(exc)[:120]})")
     if not isinstance(data, dict):
-        return BadFrame(f"a JSON {type(data).__name__}, not an object with a 'type'")
+        kind = "number" if data is _NONFINITE else type(data).__name__
+        return BadFrame(f"a JSON {kind}, not an object with a 'type'")
     if not isinstance(data.get("type"), str):
         return BadFrame('a frame is a JSON object with a string "type"')
+    if text.count("[") + text.count("{") > MAX_DEPTH and _too_deep(data, MAX_DEPTH):
+        return BadFrame(f"the frame's JSON nests deeper than {MAX_DEPTH} levels")
+    if nonfinite:  # what a field says is wrong with it, else where it went wrong
+        try:
+            typed = _typed(data)
+        except _Bad as exc:
+            return BadFrame(exc.reason, exc.request_id)
+        request_id = getattr(typed, "request_id", None)
+        return BadFrame(NONFINITE_REASON, request_id if isinstance(request_id, str) else None)
     return data
 
 
@@ -355,15 +394,16 @@ def parse(text: str | bytes | bytearray | None) -> Frame | BadFrame:
     data = decode(text)
     if isinstance(data, BadFrame):
         return data
-    return from_dict(data)
+    return from_dict(data, decoded=True)
 
 
-def from_dict(data: Mapping[str, Any]) -> Frame | BadFrame:
-    """A frame already decoded from JSON (a mailbox row's), typed; never raises."""
+def from_dict(data: Mapping[str, Any], *, decoded: bool = False) -> Frame | BadFrame:
+    """A frame already decoded from JSON (a mailbox row's; ``decoded``: by :func:`decode`, its
+    nesting checked already), typed; never raises."""
     if not isinstance(data, Mapping) or not isinstance(data.get("type"), str):
         return BadFrame('a frame is a JSON object with a string "type"')
     frame = data if isinstance(data, dict) else dict(data)
-    if _too_deep(frame, MAX_DEPTH):
+    if not decoded and _too_deep(frame, MAX_DEPTH):
         return BadFrame(f"the frame's JSON nests deeper than {MAX_DEPTH} levels")
     try:
         return _typed(frame)

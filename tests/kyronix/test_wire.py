@@ -313,6 +313,30 @@ def test_a_binary_frame_is_a_bad_frame(message: bytes | bytearray) -> None:
     assert isinstance(got, BadFrame) and "binary" in got.reason
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"type": "ping", "ts": NaN}',
+        '{"type": "ping", "ts": -Infinity}',
+        '{"type": "ping", "ts": 1e999}',
+        '{"type": "kml_result", "executionId": "req-9", "results": [{"tool": "t", "args": {},'
+        ' "result": {"success": true, "output": "", "executionId": "e", "ms": NaN}}]}',
+        '{"type": "kml_progress", "executionId": "req-9", "event": "output", "tool": "t",'
+        ' "toolExecutionId": "e", "chunk": "x", "extra": [[[Infinity]]]}',
+    ],
+)
+def test_a_number_json_has_no_place_for_is_a_bad_frame_wherever_it_is(text: str) -> None:
+    """Python's parser takes NaN, Infinity and 1e999; relayed, recorded or shown, they are JSON
+    nobody else can read (PostgreSQL's jsonb, a browser's JSON.parse)."""
+    got = wire.parse(text)
+    assert isinstance(got, BadFrame), got
+    assert got.reason == wire.NONFINITE_REASON or "'ts'" in got.reason, got.reason
+    if "req-9" in text:  # an answer still names its request (the executer can answer it)
+        assert got.request_id == "req-9" and got.reason == wire.NONFINITE_REASON
+    assert "a JSON number" in wire.parse("NaN").reason  # type: ignore[union-attr]
+    assert isinstance(wire.parse('{"type": "ping", "ts": 1e300}'), wire.Ping)  # large is fine
+
+
 def test_no_frame_at_all_is_a_bad_frame() -> None:
     assert isinstance(wire.parse(None), BadFrame)
 

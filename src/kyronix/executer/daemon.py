@@ -10,7 +10,10 @@ in :mod:`kyronix.executer.frames`:
   exponential backoff and jitter (:class:`~kyronix.executer.frames.Backoff`: 0.5 s doubling to
   30 s, reset once a connection has been up 10 s). A refused key (close code 4401, or HTTP
   401/403 on the upgrade) and being replaced by another executer of the same id (4000) end it
-  with :class:`TunnelRefusedError` / :class:`TunnelReplacedError`: retrying would not help;
+  with :class:`TunnelRefusedError` / :class:`TunnelReplacedError`: retrying would not help. An
+  id another key's live executer holds (4409) is tried again with the same backoff: whoever
+  holds it (another key of the project squatting on it, say) cannot keep this executer off for
+  longer than its own connection lives;
 - runs each request through the executer's one pipeline (``execute()``: permissions, sandbox,
   receipts) in its base path, several at once, sending ``kml_progress`` as tools start, print
   and finish. A request id that is **already running** is not run again: the run in progress
@@ -110,10 +113,9 @@ class TunnelRefusedError(KyronixRefusedError):
 
 
 class TunnelReplacedError(KyronixRunError):
-    """Another executer connected with the same project and executer id and the server closed
-    this one (code 4000), or refused this one because another key's live executer holds the id
-    (4409). Two executers fighting over one id would replace each other forever, so this one
-    stops. ``details`` has ``code`` and ``reason``."""
+    """Another executer of the same key connected with the same project and executer id and
+    the server closed this one (code 4000). Two executers fighting over one id would replace
+    each other forever, so this one stops. ``details`` has ``code`` and ``reason``."""
 
 
 EventKind = Literal[
@@ -361,13 +363,12 @@ class Tunnel:
                 f"that it is not revoked",
                 details={"code": code, "reason": why},
             )
-        if code == CLOSE_CLAIMED:
-            raise TunnelReplacedError(
-                f"{self.shown_url} refused the executer id {self.executer_id!r}: a live "
-                f"executer of another key holds it ({why or 'close code 4409'}); use that key, "
-                f"or give this executer its own --executer-id",
-                details={"code": code, "reason": why},
-            )
+        if code == CLOSE_CLAIMED:  # tried again: the holder may be gone by then (or a squatter)
+            return (
+                f"the executer id {self.executer_id!r} is held by a live executer of another "
+                f"key (close code 4409); this one takes it when that connection is gone: use "
+                f"that key, or give this executer its own --executer-id"
+            ), False
         if code == CLOSE_REPLACED and not self._stopping:
             raise TunnelReplacedError(
                 f"another executer connected to {self.shown_url} as {self.executer_id!r} of "

@@ -374,7 +374,9 @@ def authenticate(check: KeyCheck, presented: str | None, client: str | None = No
     blocked = check.failures.wait(client)
     if blocked:
         raise too_many_failures(blocked)
-    bucket = hashlib.sha256(presented.encode()).hexdigest()[:32] if presented else "malformed"
+    # A header may carry anything, a lone surrogate too: hashed as given, never an exception.
+    raw = presented.encode("utf-8", "surrogatepass")
+    bucket = hashlib.sha256(raw).hexdigest()[:32] if presented else "malformed"
     wait = check.limiter.take(bucket)
     if wait:
         raise KeyRefused(429, "rate_limited", "too many requests for this API key; slow down", wait)

@@ -160,6 +160,7 @@ async def _start(
         idem_key=idem,
         request_hash=request_hash(route, body) if idem is not None else None,
         execute=body.get("execute"),
+        key_id=who.key_id,
     )
     return await state.runs.start(req)
 

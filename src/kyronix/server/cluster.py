@@ -254,16 +254,20 @@ class Cluster:
 
         self.db.write(tx)
 
-    def claim(self, project_id: str, executer_id: str, key_id: str | None) -> bool:
+    def claim(
+        self, project_id: str, executer_id: str, key_id: str | None
+    ) -> tuple[bool, str | None]:
         """Make this replica the executer's (it connected here with ``key_id``), unless a live
-        connection of another key holds the id on another live replica: then False. One
-        transaction, the row locked: two replicas claiming at once take turns."""
+        connection of another key holds the id on another live replica: then ``(False, None)``.
+        Taken: ``(True, replica)``, where ``replica`` is the other replica that held it for the
+        same key (its old connection is to be closed: 4000), or None. One transaction, the row
+        locked: two replicas claiming at once take turns."""
         at = now_ms()
         fresh_seen = at - int(SILENT_S * 1000)
         fresh_beat = at - int(self.timeout * 1000)
         where = (presence.c.project_id == project_id) & (presence.c.executer_id == executer_id)
 
-        def tx(conn: Connection) -> bool:
+        def tx(conn: Connection) -> tuple[bool, str | None]:
             query = select(presence).where(where)
             if not self.db.is_sqlite:
                 query = query.with_for_update()
@@ -275,25 +279,25 @@ class Cluster:
                         key_id=key_id, connected_at=at, seen_at=at,
                     )
                 )  # fmt: skip
-                return True
+                return True, None
             if row.key_id not in (None, key_id) and row.replica_id != self.id:
                 holder = conn.execute(
                     select(replicas.c.heartbeat_at).where(replicas.c.id == row.replica_id)
                 ).first()
                 alive = holder is not None and holder.heartbeat_at > fresh_beat
                 if alive and row.seen_at > fresh_seen:
-                    return False
+                    return False, None
             conn.execute(
                 update(presence)
                 .where(where)
                 .values(replica_id=self.id, key_id=key_id, connected_at=at, seen_at=at)
             )
-            return True
+            return True, row.replica_id if row.replica_id != self.id else None
 
         try:
-            return bool(self.db.write(tx))
+            return self.db.write(tx)
         except IntegrityError:  # another replica inserted the row first: judge by it
-            return bool(self.db.write(tx))
+            return self.db.write(tx)
 
     def withdraw(self, project_id: str, executer_id: str) -> None:
         """The executer left this replica (a row another replica has since taken is kept)."""
@@ -345,7 +349,7 @@ class Cluster:
 
     def locate(self, project_id: str, executer_id: str | None) -> Where | None:
         """Where the project's executer is connected on another replica (the one named; else
-        ``default``, else the most recently connected), or None."""
+        ``default``, else the one connected longest), or None."""
         cached = self._located.get(project_id)
         if cached is not None and cached[0] > time.monotonic():
             found = cached[1]
@@ -362,7 +366,7 @@ class Cluster:
         for where in found:
             if where[1] == "default":
                 return where
-        return found[-1]
+        return found[0]
 
     def forget_route(self, project_id: str) -> None:
         """Look the project's executers up again next time (a route turned out stale)."""

@@ -15,9 +15,10 @@ State lives in ``$KYRONIX_HOME`` (default ``~/.kyronix``, created 0700):
      "rateLimit": {"perMinute": 600, "burst": 120}, "cors": ["https://app.example"],
      "scriptedDelayMs": 0, "kmlGrammar": false, "maxBody": 1048576,
      "authFailures": {"perMinute": 30, "burst": 20},
+     "trustedProxies": ["10.0.0.5"],
      "tunnel": {"maxFrameBytes": 4194304, "framesPerSecond": 200, "frameBurst": 400,
-                "maxPending": 256, "maxPendingPerProject": 1024, "keptBytes": 67108864,
-                "keptBytesPerProject": 16777216, "orphanTimeout": 60, "maxRefused": 100}}
+                "bytesPerSecond": 4194304, "byteBurst": 16777216,
+                "parseSecondsPerSecond": 0.1, "parseBurstSeconds": 1, ...}}
 
 ``authFailures``: failed authentications (an unknown, malformed or revoked key, a used sign-in
 link) each client address may make, as a token bucket; past it, 429 / close 4429 with
@@ -37,6 +38,7 @@ integer millicredits inside; the API shows credits as numbers (``99.5``).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from collections.abc import Mapping
@@ -99,10 +101,27 @@ class TunnelLimits:
     frame_burst: int = 400
     """A token bucket of frames per connection: past it, an ``error`` frame ``rate_limited``;
     as many frames again while limited, and the connection is closed (1008)."""
+    bytes_per_second: int = 4 * 1024 * 1024
+    byte_burst: int = 16 * 1024 * 1024
+    """A token bucket of bytes per connection (frames past it are dropped, as above)."""
+    parse_seconds_per_second: float = 0.1
+    parse_burst: float = 1.0
+    """A token bucket of the server's time reading one connection's frames (seconds a second):
+    the frames after one that overdrew it are dropped until it is above zero again."""
+    project_frames_per_second: float = 1000.0
+    project_frame_burst: int = 2000
+    project_bytes_per_second: int = 16 * 1024 * 1024
+    project_byte_burst: int = 64 * 1024 * 1024
+    project_parse_seconds_per_second: float = 0.25
+    project_parse_burst: float = 2.0
+    """The same, for all the connections of one project together."""
     max_pending: int = 256
     """Requests one runtime connection may have in flight."""
     max_pending_project: int = 1024
     """Requests one project may have in flight, over all its connections."""
+    max_pending_bytes: int = 16 * 1024 * 1024
+    max_pending_bytes_project: int = 64 * 1024 * 1024
+    """The bytes of the KML of those requests, per connection and per project."""
     kept_bytes: int = 64 * 1024 * 1024
     """Bytes of answered results the relay keeps for re-sent requests, all projects."""
     kept_bytes_project: int = 16 * 1024 * 1024
@@ -141,6 +160,9 @@ class ServerConfig:
     auth_failure_burst: int = 20
     """Failed authentications per client address (a token bucket; past it 429 / 4429)."""
     tunnel: TunnelLimits = field(default_factory=TunnelLimits)
+    trusted_proxies: tuple[str, ...] = ()
+    """Addresses whose ``X-Forwarded-For`` names the client (a load balancer, a reverse proxy):
+    the address failed authentications count against. None by default: the socket's peer."""
     cors: tuple[str, ...] = ()
     scripted_delay_ms: int = 0
     kml_grammar: bool = False
@@ -209,11 +231,24 @@ _KEYS = {
     "notify": "true or false",
     "authFailures": 'an object {"perMinute": number, "burst": integer}',
     "tunnel": "an object of tunnel limits (docs/tunnel.md)",
+    "trustedProxies": "a list of the proxies' IP addresses",
 }
 _TUNNEL = {
     "maxFrameBytes": ("max_frame", 1024, int),
     "framesPerSecond": ("frames_per_second", 0.001, float),
     "frameBurst": ("frame_burst", 1, int),
+    "bytesPerSecond": ("bytes_per_second", 1024, int),
+    "byteBurst": ("byte_burst", 1024, int),
+    "parseSecondsPerSecond": ("parse_seconds_per_second", 0.001, float),
+    "parseBurstSeconds": ("parse_burst", 0.001, float),
+    "parseSecondsPerSecondPerProject": ("project_parse_seconds_per_second", 0.001, float),
+    "parseBurstSecondsPerProject": ("project_parse_burst", 0.001, float),
+    "framesPerSecondPerProject": ("project_frames_per_second", 0.001, float),
+    "frameBurstPerProject": ("project_frame_burst", 1, int),
+    "bytesPerSecondPerProject": ("project_bytes_per_second", 1024, int),
+    "byteBurstPerProject": ("project_byte_burst", 1024, int),
+    "maxPendingBytes": ("max_pending_bytes", 1024, int),
+    "maxPendingBytesPerProject": ("max_pending_bytes_project", 1024, int),
     "maxPending": ("max_pending", 1, int),
     "maxPendingPerProject": ("max_pending_project", 1, int),
     "keptBytes": ("kept_bytes", 0, int),
@@ -245,6 +280,14 @@ def _number(path: Path, key: str, value: Any, *, low: float, strict: bool = Fals
     return float(value)
 
 
+def _is_ip(value: object) -> bool:
+    try:
+        ipaddress.ip_address(value if isinstance(value, str) else "")
+    except ValueError:
+        return False
+    return True
+
+
 def _tunnel(path: Path, value: Any) -> TunnelLimits:
     if not isinstance(value, dict):
         raise KyronixUsageError(f"{path}: tunnel: must be {_KEYS['tunnel']}")
@@ -260,7 +303,13 @@ def _tunnel(path: Path, value: Any) -> TunnelLimits:
             want = f"an integer >= {low:g}" if kind is int else f"a number >= {low:g}"
             raise KyronixUsageError(f"{path}: tunnel.{name}: must be {want}, got {given!r}")
         changes[field_name] = kind(given)
-    return replace(TunnelLimits(), **changes)
+    limits = replace(TunnelLimits(), **changes)
+    if limits.byte_burst < limits.max_frame or limits.project_byte_burst < limits.max_frame:
+        raise KyronixUsageError(
+            f"{path}: tunnel.byteBurst and tunnel.byteBurstPerProject must be at least "
+            f"tunnel.maxFrameBytes ({limits.max_frame}): a frame must fit in the burst"
+        )
+    return limits
 
 
 def _milli(value: float) -> int:
@@ -337,6 +386,10 @@ def load_server_config(
                 changes["auth_failure_burst"] = int(_number(path, key, value["burst"], low=1))
         elif key == "tunnel":
             changes["tunnel"] = _tunnel(path, value)
+        elif key == "trustedProxies":
+            if not isinstance(value, list) or not all(_is_ip(v) for v in value):
+                raise KyronixUsageError(f"{path}: trustedProxies: must be {_KEYS[key]}")
+            changes["trusted_proxies"] = tuple(value)
         elif key == "cors":
             if not isinstance(value, list) or not all(isinstance(o, str) for o in value):
                 raise KyronixUsageError(f"{path}: cors: must be {_KEYS[key]}")

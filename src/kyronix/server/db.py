@@ -162,6 +162,7 @@ executions = Table(
     Column("session_id", String(64), nullable=False),
     Column("run_id", String(64), nullable=False),
     Column("created_at", BigInteger, nullable=False),
+    Column("key_id", String(64)),  # the API key whose run issued it (0009; None before)
 )
 """Which session's run issued each tool execution id: where the tunnel records its results."""
 

@@ -30,6 +30,22 @@ __all__ = ["is_loopback", "serve"]
 log = logging.getLogger("kyronix.server")
 
 
+class _ClientFault(logging.Filter):
+    """uvicorn logs a client's text frame that is not UTF-8 as an error with a traceback (it
+    closes the connection, 1007): anyone may send one, before authenticating, so it is one
+    line at INFO, like any other refused frame."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Invalid UTF-8 sequence received from client.":
+            record.msg = "a WebSocket client sent a text frame that is not UTF-8: closed (1007)"
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+CLIENT_FAULT = _ClientFault()
+
+
 def is_loopback(host: str) -> bool:
     if host in ("localhost", "localhost.localdomain"):
         return True
@@ -106,6 +122,7 @@ def serve(
 
     from kyronix.server.app import create_app
     from kyronix.server.config import ensure_home
+    from kyronix.server.transport import TunnelProtocol
 
     ensure_home(config.home)
     sqlite = config.database_url.startswith("sqlite")
@@ -128,6 +145,7 @@ def serve(
                 self._captured_signals.clear()
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+        logging.getLogger("uvicorn.error").addFilter(CLIENT_FAULT)
         uv = uvicorn.Config(
             app,
             host=host,
@@ -135,7 +153,13 @@ def serve(
             log_level="info",
             access_log=False,
             timeout_graceful_shutdown=max(1, int(config.drain_timeout)),
+            ws=TunnelProtocol,  # a peer flooding on after the server closed it is cut off
             ws_max_size=config.tunnel.max_frame,  # a larger frame closes its connection: 1009
+            ws_per_message_deflate=False,  # no frame costs more to read than its bytes on the wire
+            # The client's address (what failed authentications count against) is the socket's
+            # peer, unless it is a proxy named in trustedProxies: then its X-Forwarded-For.
+            proxy_headers=bool(config.trusted_proxies),
+            forwarded_allow_ips=list(config.trusted_proxies) or None,
             lifespan="on",
         )
         server = Server(uv)

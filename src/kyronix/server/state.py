@@ -11,6 +11,7 @@ a Content-Length was sent), before anything else reads the request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
@@ -47,6 +49,9 @@ __all__ = [
 
 log = logging.getLogger("kyronix.server")
 
+ANSWER_MARGIN_S = 1.0
+"""Of the drain, what is kept for answering the clients of the runs it interrupts."""
+
 
 @dataclass
 class AppState:
@@ -62,12 +67,21 @@ class AppState:
     background: Background = field(default_factory=Background)
 
     def begin_drain(self) -> None:
-        if not self.draining:
-            self.draining = True
-            self.drain_deadline = time.monotonic() + self.config.drain_timeout
-            log.info(
-                "draining: new requests get 503; running turns get %gs", self.config.drain_timeout
-            )
+        """Stop taking work: new requests get 503, the running runs get ``drainTimeout``
+        seconds, less :data:`ANSWER_MARGIN_S`, then are interrupted. That margin is for their
+        waiting clients to get the answer (503 ``run_interrupted``) while the HTTP server still
+        waits for them: past ``drainTimeout`` it cancels what is left mid-answer."""
+        if self.draining:
+            return
+        self.draining = True
+        self.drain_deadline = time.monotonic() + self.config.drain_timeout
+        log.info("draining: new requests get 503; running turns get %gs", self.config.drain_timeout)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # called off the loop: the lifespan's shutdown drains the runs
+            return
+        budget = max(0.0, self.config.drain_timeout - ANSWER_MARGIN_S)
+        self.background.spawn(self.runs.live.drain(budget))
 
 
 def app_state(request: Request) -> AppState:
@@ -90,6 +104,9 @@ async def principal(
         str | None, Header(description="Bearer kyr_… (the project's API key)")
     ] = None,
 ) -> Principal:
+    known = getattr(request.state, "principal", None)
+    if isinstance(known, Principal):  # checked already, before the body was read
+        return known
     client = request.client.host if request.client is not None else None
     try:
         info = accounts.authenticate(
@@ -113,11 +130,18 @@ Auth = Annotated[Principal, Depends(principal)]
 # --------------------------------------------------------------------------- the guards
 
 
+def _needs_key(dependant: Dependant) -> bool:
+    return any(d.call is principal or _needs_key(d) for d in dependant.dependencies)
+
+
 class GuardedRoute(APIRoute):
-    """An API route behind the drain guard and the body limit (JSON errors)."""
+    """An API route behind the drain guard, the key check and the body limit (JSON errors). A
+    route that takes an API key checks it before it reads the body: nobody without a key makes
+    the server read a byte of one."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        keyed = _needs_key(self.dependant)
 
         async def guarded(request: Request) -> Response:
             state = app_state(request)
@@ -128,6 +152,14 @@ class GuardedRoute(APIRoute):
                     "the server is shutting down; retry on another server or shortly",
                 )
             if request.method in ("POST", "PUT", "PATCH", "DELETE"):
+                if keyed:
+                    try:
+                        request.state.principal = await principal(
+                            request, request.headers.get("authorization")
+                        )
+                    except ApiError as exc:
+                        headers = {**exc.headers, "connection": "close"}  # the body is unread
+                        return JSONResponse(exc.body, status_code=exc.status, headers=headers)
                 limit = state.config.max_body
                 too_large = _error(
                     413,

@@ -2,14 +2,16 @@
 and handed to the relay (docs/tunnel.md).
 
 Authentication is a Bearer header on the upgrade (role and executer id in the query string) or a
-first ``auth`` frame within :data:`AUTH_WAIT_S` seconds; the key is checked by
-:func:`kyronix.server.accounts.authenticate`, as for HTTP (with the failures of the client's
-address counted). A refusal closes with 4401, or 4429 when throttled; an executer id held by
-another key's live connection closes with 4409.
+first ``auth`` frame (at most :data:`AUTH_FRAME_BYTES`) within :data:`AUTH_WAIT_S` seconds; the
+key is checked by :func:`kyronix.server.accounts.authenticate`, as for HTTP (with the failures
+of the client's address counted). A refusal closes with 4401, or 4429 when throttled; an
+executer id held by another key's live connection closes with 4409.
 
-Every frame first spends a token of the connection's budget (``tunnel.framesPerSecond``): over
-it, the frame is dropped unread and the connection told ``rate_limited``; as many frames again
-and it is closed (1008). A frame over ``tunnel.maxFrameBytes`` closes it (1009). A frame that is
+Every frame first spends from the connection's budget and its project's, in frames and in bytes
+(:meth:`Relay.admit`, ``tunnel.framesPerSecond``...): over it, the frame is dropped unread and
+the connection told ``rate_limited``; a burst more of dropped frames and it is closed (1008,
+which counts as a failed authentication of its address). A frame over ``tunnel.maxFrameBytes``
+closes it (1009). A frame that is
 not what the protocol says gets an ``error`` frame (``bad_frame``, or ``forbidden`` for a frame
 the connection's role may not send), and an answer to something the relay never asked this
 connection is refused (``unknown_request``): the connection lives on, up to
@@ -33,19 +35,20 @@ from kyronix.server.relay import (
     CLOSE_CLAIMED,
     CLOSE_POLICY,
     Answer,
-    FrameBudget,
     Peer,
     Relay,
     TunnelFailure,
     Verdict,
+    connection_budget,
 )
 from kyronix.server.state import AppState
 
-__all__ = ["AUTH_WAIT_S", "websocket_endpoint"]
+__all__ = ["AUTH_FRAME_BYTES", "AUTH_WAIT_S", "websocket_endpoint"]
 
 log = logging.getLogger("kyronix.server")
 
 AUTH_WAIT_S = 10.0
+AUTH_FRAME_BYTES = 4096
 CLOSE_TOO_BIG = 1009
 KNOWN = frozenset().union(*wire.SENT_BY.values()) | {"auth"}
 
@@ -72,19 +75,18 @@ async def websocket_endpoint(ws: WebSocket) -> None:
     if peer.role == "executer":
         await relay.attach_executer(peer)
         log.info("executer %s of project %s connected", peer.executer_id, peer.project_id)
-    waiters: dict[str, Any] = {}
     try:
-        await _serve(ws, state, peer, waiters)
+        await _serve(ws, state, peer)
     finally:
         peer.closed = True
-        for waiter in waiters.values():
-            relay.forget_waiter(waiter)
+        for request_id, waiter in list(peer.waiters.items()):
+            relay.forget_waiter(peer.project_id, request_id, waiter)
         relay.detach(peer)
         if peer.role == "executer":
             log.info("executer %s of project %s disconnected", peer.executer_id, peer.project_id)
 
 
-async def _serve(ws: WebSocket, state: AppState, peer: Peer, waiters: dict[str, Any]) -> None:
+async def _serve(ws: WebSocket, state: AppState, peer: Peer) -> None:
     limits = state.config.tunnel
     while not peer.closed:
         try:
@@ -95,10 +97,13 @@ async def _serve(ws: WebSocket, state: AppState, peer: Peer, waiters: dict[str, 
             text = None
         now = time.monotonic()
         peer.seen = now
-        verdict = peer.budget.take(now)
+        size = 0 if text is None else len(text) if text.isascii() else len(text.encode())
+        verdict = state.relay.admit(peer, now, size)
         if verdict is Verdict.CLOSE:
             log.info("a connection of project %s closed: over its frame rate", peer.project_id)
-            await peer.close(CLOSE_POLICY, "too many frames: over the rate limit for too long")
+            await _close_for_limits(
+                state, peer, "too many frames: over the rate limit for too long"
+            )
             return
         if verdict is Verdict.LIMITED:
             if peer.budget.tell(now):
@@ -109,14 +114,21 @@ async def _serve(ws: WebSocket, state: AppState, peer: Peer, waiters: dict[str, 
         if text is None:
             await peer.send(wire.error("bad_frame", "send JSON text frames, not binary"))
             continue
-        if len(text) > limits.max_frame:
+        if size > limits.max_frame:
             await peer.close(CLOSE_TOO_BIG, f"a frame is at most {limits.max_frame} bytes")
             return
-        if not await _dispatch(state.relay, peer, text, waiters):
+        if not await _dispatch(state.relay, peer, text):
             peer.refused += 1
             if peer.refused > limits.max_refused:
-                await peer.close(CLOSE_POLICY, "too many refused frames")
+                await _close_for_limits(state, peer, "too many refused frames")
                 return
+
+
+async def _close_for_limits(state: AppState, peer: Peer, reason: str) -> None:
+    """Close with 1008; it counts as a failed authentication of the connection's address, so
+    a client that reconnects to flood again is soon refused before its key is even checked."""
+    state.keys.failures.failed(peer.address)
+    await peer.close(CLOSE_POLICY, reason)
 
 
 async def _authenticate(ws: WebSocket, state: AppState) -> Peer | None:
@@ -128,10 +140,15 @@ async def _authenticate(ws: WebSocket, state: AppState) -> Peer | None:
     key = accounts.bearer(header)
     if key is None:
         try:
-            first = wire.parse(await asyncio.wait_for(ws.receive_text(), AUTH_WAIT_S))
+            text = await asyncio.wait_for(ws.receive_text(), AUTH_WAIT_S)
         except (TimeoutError, WebSocketDisconnect, KeyError, RuntimeError):
             await _refuse(ws, "authenticate first: a Bearer header or an auth frame")
             return None
+        if len(text) > AUTH_FRAME_BYTES:  # nobody unauthenticated makes the server parse more
+            state.keys.failures.failed(client)
+            await _refuse(ws, f"an auth frame is at most {AUTH_FRAME_BYTES} bytes")
+            return None
+        first = wire.parse(text)
         if isinstance(first, wire.BadFrame) or not isinstance(first, wire.Auth):
             await _refuse(
                 ws, 'the first frame must be {"type": "auth", "apiKey": ..., "role": ...}'
@@ -159,7 +176,7 @@ async def _authenticate(ws: WebSocket, state: AppState) -> Peer | None:
     return Peer(
         ws, role, info.project_id, executer_id if role == "executer" else None,
         key_id=info.id, address=client,
-        budget=FrameBudget(limits.frames_per_second, float(limits.frame_burst)),
+        budget=connection_budget(limits),
     )  # fmt: skip
 
 
@@ -168,35 +185,42 @@ async def _refuse(ws: WebSocket, reason: str, code: int = wire.CLOSE_UNAUTHORIZE
         await ws.close(code=code, reason=reason[:120])
 
 
-async def _dispatch(relay: Relay, peer: Peer, text: str, waiters: dict[str, Any]) -> bool:
-    """Hand one frame to the relay; False when it was refused (it counts against the
-    connection)."""
+def _read(peer: Peer, text: str) -> wire.Frame | tuple[dict[str, Any], bool]:
+    """The frame, or what to answer instead and whether that counts as a refusal."""
     data = wire.decode(text)
     if isinstance(data, wire.BadFrame):
-        await peer.send(wire.error("bad_frame", data.reason))
-        return True
+        return wire.error("bad_frame", data.reason, execution_id=data.request_id), False
     kind = data["type"]
     if kind not in KNOWN:
-        await peer.send(wire.error("bad_frame", f"unknown frame type {kind!r:.40}"))
-        return True
+        return wire.error("bad_frame", f"unknown frame type {kind!r:.40}"), False
     if kind not in wire.SENT_BY[peer.role]:
         eid = data.get("executionId")
-        await peer.send(
-            wire.error(
-                "forbidden",
-                f"a{'n' if peer.role == 'executer' else ''} {peer.role} may not send {kind!r} "
-                f"frames",
-                execution_id=eid if isinstance(eid, str) else None,
-            )
-        )
-        return False
-    frame = wire.from_dict(data)
+        article = "an" if peer.role == "executer" else "a"
+        message = f"{article} {peer.role} may not send {kind!r} frames"
+        return wire.error(
+            "forbidden", message, execution_id=eid if isinstance(eid, str) else None
+        ), True
+    frame = wire.from_dict(data, decoded=True)
     if isinstance(frame, wire.BadFrame):
-        await peer.send(wire.error("bad_frame", frame.reason, execution_id=frame.request_id))
-    elif isinstance(frame, wire.Ping):
+        return wire.error("bad_frame", frame.reason, execution_id=frame.request_id), False
+    return frame
+
+
+async def _dispatch(relay: Relay, peer: Peer, text: str) -> bool:
+    """Hand one frame to the relay; False when it was refused (it counts against the
+    connection). Reading it is timed and spent from the connection's budget and its
+    project's (``tunnel.parseSecondsPerSecond``)."""
+    started = time.perf_counter()
+    frame = _read(peer, text)
+    relay.spent(peer, time.perf_counter() - started)
+    if isinstance(frame, tuple):
+        answer, refused = frame
+        await peer.send(answer)
+        return not refused
+    if isinstance(frame, wire.Ping):
         await peer.send(wire.pong(frame.ts))
     elif isinstance(frame, wire.KmlRequest):
-        await _kml_request(relay, peer, frame, waiters)
+        await _kml_request(relay, peer, frame)
     elif isinstance(frame, wire.KmlResult):
         if not await relay.result(peer, frame, len(text)):
             await peer.send(_unknown_request(frame.request_id))
@@ -228,17 +252,17 @@ def _unknown_request(request_id: str, what: str = "request") -> dict[str, Any]:
     )
 
 
-async def _kml_request(
-    relay: Relay, peer: Peer, frame: wire.KmlRequest, waiters: dict[str, Any]
-) -> None:
-    request_id = frame.request_id
+async def _kml_request(relay: Relay, peer: Peer, frame: wire.KmlRequest) -> None:
+    request_id, waiters = frame.request_id, peer.waiters
 
     async def waiter(answer: Answer) -> None:
+        if not isinstance(answer, wire.KmlProgress) and waiters.get(request_id) is waiter:
+            del waiters[request_id]  # answered: nothing left to forget when the client goes
         await peer.send(wire.as_dict(answer))
 
     old = waiters.pop(request_id, None)
     if old is not None:
-        relay.forget_waiter(old)
+        relay.forget_waiter(peer.project_id, request_id, old)
     waiters[request_id] = waiter
     try:
         await relay.request(
@@ -247,5 +271,6 @@ async def _kml_request(
             session_id=frame.session_id,
         )  # fmt: skip
     except TunnelFailure as exc:
-        waiters.pop(request_id, None)
+        if waiters.get(request_id) is waiter:
+            del waiters[request_id]
         await peer.send(wire.error(exc.code, exc.message, execution_id=request_id))

@@ -420,6 +420,27 @@ def test_a_refused_key_ends_the_tunnel_with_a_clear_error(
         refusing.close()
 
 
+def test_an_id_held_by_another_key_is_tried_again_not_given_up(
+    base: Path, tmp_path: Path, events: list[TunnelEvent]
+) -> None:
+    """4409: another key's live executer holds the id. The executer keeps trying (with its
+    backoff) rather than stopping: a squatter cannot keep it off once its own connection goes."""
+    held = FakeServer(close_with=(4409, "the executer id 'default' is held by another key"))
+    try:
+        ex = _executer(held, base, tmp_path, events)
+        ex.start()
+        assert held.wait_for(lambda: len(held.connections) >= 2)  # it came back
+        tunnel = ex.tunnel
+        assert tunnel is not None and not tunnel.ended and tunnel.error is None
+        said = [e.message for e in events if e.kind == "disconnected"]
+        assert said and "another key" in said[0] and "--executer-id" in said[0]
+        held.close_with = None  # the holder is gone: the id is this executer's now
+        assert ex.wait_connected(60)
+        ex.close()
+    finally:
+        held.close()
+
+
 def test_being_replaced_by_another_executer_stops_this_one(
     server: FakeServer, served: KyronixExecuter
 ) -> None:

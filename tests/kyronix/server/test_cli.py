@@ -184,6 +184,40 @@ def test_the_database_url_comes_from_the_flag_or_the_environment(tmp_path: Path)
     assert "hunter2" not in str(info.value)
 
 
+def test_server_json_sets_the_tunnel_limits_and_the_trusted_proxies(tmp_path: Path) -> None:
+    import json
+
+    from kyronix.errors import KyronixUsageError
+    from kyronix.server.config import load_server_config
+
+    settings = {
+        "trustedProxies": ["10.0.0.5", "fd00::1"],
+        "tunnel": {"maxFrameBytes": 65536, "bytesPerSecond": 100000, "byteBurst": 65536,
+                   "framesPerSecondPerProject": 50, "frameBurstPerProject": 60,
+                   "bytesPerSecondPerProject": 200000, "byteBurstPerProject": 131072,
+                   "maxPendingBytes": 4096, "maxPendingBytesPerProject": 8192},
+    }  # fmt: skip
+    (tmp_path / "server.json").write_text(json.dumps(settings))
+    cfg = load_server_config(tmp_path, environ={})
+    assert cfg.trusted_proxies == ("10.0.0.5", "fd00::1")
+    t = cfg.tunnel
+    assert (t.bytes_per_second, t.byte_burst, t.max_pending_bytes) == (100000, 65536, 4096)
+    assert (t.project_frames_per_second, t.project_frame_burst) == (50.0, 60)
+    assert (t.project_bytes_per_second, t.project_byte_burst) == (200000, 131072)
+    assert t.max_pending_bytes_project == 8192
+    assert load_server_config(tmp_path / "none", environ={}).trusted_proxies == ()  # none
+    for bad, says in [
+        ({"trustedProxies": ["proxy.example"]}, "trustedProxies: must be a list of the prox"),
+        ({"trustedProxies": "10.0.0.5"}, "trustedProxies"),
+        ({"tunnel": {"byteBurst": 2048}}, "at least tunnel.maxFrameBytes"),
+        ({"tunnel": {"bytesPerSecond": -1}}, "tunnel.bytesPerSecond: must be an integer"),
+        ({"tunnel": {"maxPendingBytes": "lots"}}, "tunnel.maxPendingBytes"),
+    ]:
+        (tmp_path / "server.json").write_text(json.dumps(bad))
+        with pytest.raises(KyronixUsageError, match=says):
+            load_server_config(tmp_path, environ={})
+
+
 def test_kyronix_serve_on_postgresql_and_a_second_replica_beside_it(
     pg_url: URL, tmp_path: Path
 ) -> None:

@@ -35,7 +35,7 @@ from kyronix.server import users
 from kyronix.server.db import api_keys, custom_agents, executions, now_ms, projects, sessions
 from kyronix.server.db import users as users_table
 
-from .helpers import auth, tools_of
+from .helpers import auth, project_with_key, tools_of
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -618,4 +618,7 @@ def test_a_form_that_cannot_be_read_is_a_400_page_and_changes_nothing(alice: Bro
     assert "over the limit" in r.text and "HTTP 413" in r.text
     assert count(b.app, projects) == before
     api = b.client.post("/api/agents/coding", content=b"x" * (2 << 20))
+    assert api.status_code == 401  # no key: refused before a byte of the body is read
+    _, key = project_with_key(b.app, "api-limit")
+    api = b.client.post("/api/agents/coding", content=b"x" * (2 << 20), headers=auth(key))
     assert api.status_code == 413 and api.json()["error"]["code"] == "payload_too_large"

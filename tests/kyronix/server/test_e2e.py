@@ -200,6 +200,30 @@ def test_sigterm_drains_running_turns_finish_and_new_requests_are_refused(tmp_pa
     assert "draining" in server.log
 
 
+def test_a_client_waiting_on_a_run_the_drain_interrupts_gets_its_answer(tmp_path: Path) -> None:
+    """A client waits on ``POST /api/agents/coding`` for a run that will not end before
+    ``drainTimeout``: the run is interrupted in time for the client to get 503
+    ``run_interrupted`` (the HTTP server is still waiting for it then), and no request is cut
+    off mid-answer with a traceback in the log."""
+    home = tmp_path / "home"
+    _, key = bootstrap(home)
+    server = ServerProcess(
+        home, {"KYRONIX_SCRIPTED_DELAY_MS": "120000", "KYRONIX_DRAIN_TIMEOUT": "2"}
+    )
+    try:
+        with server.client(headers=auth(key)) as client, ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(client.post, "/api/agents/coding", json={"input": "forever"})
+            assert wait_until(lambda: bool(_running(home)))
+            server.signal(signal.SIGTERM)
+            reply = waiting.result(60)
+            assert server.wait(60) == 0
+    finally:
+        server.kill()
+    assert reply.status_code == 503, reply.text
+    assert reply.json()["error"]["code"] == "run_interrupted"
+    assert "Traceback" not in server.log and "Exception in ASGI application" not in server.log
+
+
 def test_a_drain_timeout_records_what_is_still_running_as_interrupted(tmp_path: Path) -> None:
     home = tmp_path / "home"
     project, key = bootstrap(home)

@@ -35,6 +35,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
             "scripted",
             "migrations",
             "tasks",
+            "transport",
         ),
     ),  # base
 ]

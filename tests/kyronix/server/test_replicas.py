@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx2
 import psycopg
+import pytest
 from sqlalchemy.engine import URL
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -285,6 +286,39 @@ def test_an_executer_that_went_silent_is_not_routed_to(pg_url: URL, tmp_path: Pa
             finally:
                 a.signal(signal.SIGCONT)
             assert got["type"] == "error" and got["code"] == "no_executer", got
+        finally:
+            ex.stop.set()
+            ex.join(10)
+
+
+def _read_until_closed(ws: ClientConnection) -> None:
+    while True:
+        ws.recv(60)
+
+
+def test_an_executer_that_connects_again_to_another_replica_closes_its_old_connection(
+    pg_url: URL, tmp_path: Path
+) -> None:
+    """The same key's executer dials B while its old connection to A still looks alive (a dropped
+    TCP connection A has not noticed): A closes the old one (4000), as it would for a new
+    connection of its own, so A's clients are routed to the executer at B, not to a dead socket."""
+    home = tmp_path / "home"
+    _, key = _bootstrap(home, pg_url)
+    with (
+        _replicas(home, pg_url) as (a, b),
+        connect(_ws(a) + "?role=executer", additional_headers=auth(key), open_timeout=30) as old,
+    ):
+        assert json.loads(old.recv(30))["type"] == "ready"
+        ex = Executer(_ws(b), key)
+        ex.start()
+        try:
+            assert ex.connected.wait(30)
+            with pytest.raises(ConnectionClosed) as closed:
+                _read_until_closed(old)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4000
+            got = _request(a, key, "req_moved", _plan("m"))  # asked at A: served from B
+            assert got["type"] == "kml_result", got
+            assert ex.ran == Counter({"exec_m0": 1, "exec_m1": 1})
         finally:
             ex.stop.set()
             ex.join(10)

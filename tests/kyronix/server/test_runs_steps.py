@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,7 +149,7 @@ def test_settling_charges_finishes_and_frees_the_session(w: World) -> None:
     handle, _, _ = admit(w)
     outcome = Outcome(
         handle.id, handle.session_id, 200, response="<kyronix/>", execution_ids=("exec_a",),
-        cost=700, usage=(3, 4), texts=["<kyronix/>"], issues_ids=True,
+        cost=700, usage=(3, 4), texts=["<kyronix/>"], issues_ids=True, key_id="key_runner",
     )  # fmt: skip
     w.db.write(functools.partial(w.runs.settlement.settle_tx, outcome, w.project))
     row = row_of(w, handle.id)
@@ -158,7 +159,7 @@ def test_settling_charges_finishes_and_frees_the_session(w: World) -> None:
     assert outcome.body()["creditsRemaining"] == 99.3
     assert w.db.read(lambda c: sessions.find(c, w.project, handle.session_id)).active_run is None
     issued = w.db.read(lambda c: records.sessions_of_executions(c, ["exec_a"], w.project))
-    assert issued == {"exec_a": handle.session_id}
+    assert issued == {"exec_a": (handle.session_id, "key_runner")}  # and who may answer it
 
 
 def test_a_replica_that_lost_the_run_charges_nothing_and_writes_nothing(w: World) -> None:
@@ -273,6 +274,52 @@ def test_results_of_a_plan_issued_earlier_are_found_in_the_database(w: World) ->
 
     asyncio.run(record())
     assert [v["requestId"] for v in _recorded(w, handle.session_id)] == ["req_2"]
+
+
+def test_results_are_recorded_only_for_the_key_that_ran_the_plan(w: World) -> None:
+    """In memory and from the database alike: another key's answer to the same tool ids goes
+    nowhere; the key that ran the plan records."""
+    handle, _, _ = admit(w)
+    outcome = Outcome(
+        handle.id, handle.session_id, 200, response="x", execution_ids=("exec_db",), cost=500,
+        issues_ids=True, key_id="key_runner",
+    )  # fmt: skip
+    w.db.write(functools.partial(w.runs.settlement.settle_tx, outcome, w.project))
+    w.recorder.remember(w.project, handle.session_id, ["exec_mem"], "key_runner")
+
+    async def record() -> None:
+        for eid in ("exec_mem", "exec_db"):
+            await w.recorder.record(
+                w.project, f"req_other_{eid}", [_entry(eid, "forged")], key_id="key_other"
+            )
+            await w.recorder.record(w.project, f"req_{eid}", [_entry(eid, "true")], key_id=None)
+        for eid in ("exec_mem", "exec_db"):
+            await w.recorder.record(
+                w.project, f"req_runner_{eid}", [_entry(eid, "true")], key_id="key_runner"
+            )
+
+    asyncio.run(record())
+    assert [v["requestId"] for v in _recorded(w, handle.session_id)] == [
+        "req_runner_exec_mem", "req_runner_exec_db",
+    ]  # fmt: skip
+
+
+def test_a_recorded_entry_is_bounded_whatever_its_arguments_and_data(w: World) -> None:
+    from kyronix.server.runs.results import RECORDED_BYTES
+
+    handle, _, _ = admit(w)
+    w.runs.settlement.interrupt(handle.id, "done with it")
+    w.recorder.remember(w.project, handle.session_id, ["exec_big"])
+    entry = _entry("exec_big", "o" * 100_000)
+    entry["args"] = {"content": "a" * 2_000_000}
+    entry["result"]["data"] = {"entries": ["d" * 1000] * 1000}
+    asyncio.run(w.recorder.record(w.project, "req_big", [entry]))
+    (recorded,) = _recorded(w, handle.session_id)
+    kept = recorded["results"][0]
+    assert len(json.dumps(kept)) <= RECORDED_BYTES
+    assert kept["result"]["truncated"] is True and kept["args"] == {}
+    assert "data" not in kept["result"] and kept["result"]["executionId"] == "exec_big"
+    assert kept["result"]["output"] == "o" * 64 * 1024
 
 
 # --------------------------------------------------------------------------- the outcome

@@ -467,3 +467,272 @@ def test_a_request_that_names_its_session_records_only_into_that_session(home: P
                 if m["role"] == "tool"] == ["req_unnamed"]  # fmt: skip
         ex.close()
         rt.close()
+
+
+# --------------------------------------------------------------------------- one key, not another
+
+
+def test_results_are_recorded_only_for_the_key_that_ran_the_plan(home: Path) -> None:
+    """A second key of the project (a teammate's, a leaked one) sends the plan another key ran,
+    with its tool ids, and the executer answers it: the answer is the second key's, and nothing
+    of it goes into the session it did not run. The key that ran the plan records as before."""
+    _, key = bootstrap(home)
+    second = kyronix("keys", "create", "--project", "demo", home=home).stdout.strip()
+    with serve_with(home) as srv:
+        plan = a_plan(srv, key)
+        ex, intruder = dial(srv, key, "executer"), dial(srv, second)
+        send(intruder, {"type": "kml_request", "executionId": "req_intruder",
+                        "kmlResponse": plan["response"]})  # fmt: skip
+        send(ex, answer(recv(ex), POISON))
+        assert recv(intruder)["type"] == "kml_result"  # its own request: it has the answer
+        assert [m for m in chat(srv, key, plan["sessionId"]) if m["role"] == "tool"] == []
+        # the id is the intruder's now: the plan's own key cannot read its answer with it
+        owner = dial(srv, key)
+        send(owner, {"type": "kml_request", "executionId": "req_intruder",
+                     "kmlResponse": plan["response"]})  # fmt: skip
+        assert recv(owner)["code"] == "request_in_use"
+        send(owner, {"type": "kml_request", "executionId": "req_owner",
+                     "kmlResponse": plan["response"]})  # fmt: skip
+        send(ex, answer(recv(ex), "done"))
+        assert recv(owner)["type"] == "kml_result"
+        tools = [m for m in chat(srv, key, plan["sessionId"]) if m["role"] == "tool"]
+        for ws in (ex, intruder, owner):
+            ws.close()
+    assert [t["requestId"] for t in tools] == ["req_owner"]  # the key that ran it, once
+    assert POISON not in json.dumps(tools)
+
+
+# --------------------------------------------------------------------------- before the key
+
+
+def test_an_auth_frame_over_4_kib_is_refused_before_it_is_parsed(home: Path) -> None:
+    _, key = bootstrap(home)
+    with serve_with(home) as srv, connect(ws_url(srv), open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "auth", "apiKey": key, "role": "runtime",
+                            "pad": "x" * 5000}))  # fmt: skip
+        code, reason = closed_with(ws)
+        assert code == 4401 and "at most 4096 bytes" in reason
+        with connect(ws_url(srv), open_timeout=30) as small:  # the same key, a small frame
+            small.send(json.dumps({"type": "auth", "apiKey": key, "role": "runtime"}))
+            assert recv(small)["type"] == "ready"
+
+
+def test_a_body_is_not_read_before_its_key_is_checked(home: Path) -> None:
+    """Headers that promise a body, and no body: without a key the answer is a 401 at once (the
+    server never waits for, or reads, a byte of it)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    bootstrap(home)
+    with serve_with(home) as srv:
+        where = urlsplit(srv.url)
+        with socket.create_connection((where.hostname, where.port), timeout=60) as sock:
+            sock.sendall(
+                b"POST /api/agents/coding HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 900000\r\n\r\n"
+            )
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = sock.recv(4096)
+                assert chunk, "closed without an answer"
+                head += chunk
+        assert head.startswith(b"HTTP/1.1 401"), head[:200]
+        assert b"missing_api_key" in head or b"connection: close" in head.lower()
+
+
+def test_a_frame_is_never_compressed(home: Path) -> None:
+    """permessage-deflate is off: a small compressed frame cannot make the server inflate
+    megabytes, and a frame costs what its bytes on the wire cost."""
+    _, key = bootstrap(home)
+    with (
+        serve_with(home) as srv,
+        connect(ws_url(srv), additional_headers=auth(key), compression="deflate") as ws,
+    ):
+        assert ws.response is not None
+        assert "Sec-WebSocket-Extensions" not in ws.response.headers
+        assert recv(ws)["type"] == "ready"
+
+
+def test_a_number_json_has_no_place_for_is_a_bad_frame_over_the_tunnel(home: Path) -> None:
+    _, key = bootstrap(home)
+    with serve_with(home) as srv:
+        ex, rt = dial(srv, key, "executer"), dial(srv, key)
+        rt.send('{"type": "ping", "ts": NaN}')
+        assert recv(rt)["code"] == "bad_frame"
+        send(rt, {"type": "kml_request", "executionId": "req_nan", "kmlResponse": READ})
+        reply = json.dumps(answer(recv(ex))).replace(
+            '"success": true', '"success": true, "ms": Infinity'
+        )
+        assert "Infinity" in reply
+        ex.send(reply)  # refused: it answers nothing, and nothing unreadable is relayed
+        err = recv(ex)
+        assert err["code"] == "bad_frame" and "NaN" in err["message"]
+        send(ex, answer({"executionId": "req_nan", "kmlResponse": READ}))
+        assert recv(rt)["executionId"] == "req_nan"
+        for ws in (ex, rt):
+            ws.close()
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_x_forwarded_for_names_the_client_only_from_a_trusted_proxy(
+    home: Path, trusted: bool
+) -> None:
+    """By default the address failures count against is the socket's: a client cannot name a
+    fresh address per guess with ``X-Forwarded-For``. From a proxy in ``trustedProxies``, the
+    header is the client (each address its own bucket)."""
+    bootstrap(home)
+    settings: dict[str, Any] = {"authFailures": {"perMinute": 1, "burst": 3}}
+    if trusted:
+        settings["trustedProxies"] = ["127.0.0.1", "::1"]
+    with serve_with(home, **settings) as srv, srv.client() as http:
+        statuses = [
+            http.get(
+                "/api/credits",
+                headers={**auth("kyr_" + "C" * 43), "X-Forwarded-For": f"198.51.100.{n}"},
+            ).status_code
+            for n in range(6)
+        ]
+    assert statuses == ([401] * 6 if trusted else [401] * 3 + [429] * 3)
+
+
+def test_a_long_lived_runtime_connection_holds_nothing_for_requests_answered(
+    tmp_path: Path,
+) -> None:
+    """A runtime that sends request after request on one connection: each answered request
+    leaves nothing behind it (the connection's memory is what is in flight, not what it ever
+    asked)."""
+    from starlette.testclient import TestClient
+
+    from kyronix.server.app import create_app
+
+    from .helpers import config, project_with_key
+
+    app = create_app(config(tmp_path / "home"))
+    _, key = project_with_key(app)
+    with (
+        TestClient(app) as client,
+        client.websocket_connect("/ws?role=executer", headers=auth(key)) as ex,
+        client.websocket_connect("/ws", headers=auth(key)) as rt,
+    ):
+        assert ex.receive_json()["type"] == "ready" and rt.receive_json()["type"] == "ready"
+        relay = app.state.kx.relay
+        (runtime,) = [p for p in relay.connections.peers if p.role == "runtime"]
+        for n in range(40):
+            rt.send_json({"type": "kml_request", "executionId": f"req_{n}", "kmlResponse": READ})
+            ex.send_json(answer(ex.receive_json()))
+            assert rt.receive_json()["executionId"] == f"req_{n}"
+        assert runtime.waiters == {} and runtime.pending == 0
+        rt.send_json({"type": "kml_request", "executionId": "req_open", "kmlResponse": READ})
+        assert ex.receive_json()["executionId"] == "req_open"
+        assert list(runtime.waiters) == ["req_open"]  # only what is in flight
+
+
+def test_an_executer_that_connects_later_does_not_take_over_unnamed_requests(
+    home: Path,
+) -> None:
+    """No ``default`` executer: a request naming none goes to the one connected longest. A second
+    key connecting an executer of its own afterwards gets none of them (it used to get them
+    all, server-driven runs' tool calls included)."""
+    _, key = bootstrap(home)
+    second = kyronix("keys", "create", "--project", "demo", home=home).stdout.strip()
+    with serve_with(home) as srv:
+        laptop = dial(srv, key, "executer", "laptop")
+        late = dial(srv, second, "executer", "zz")
+        rt = dial(srv, key)
+        for n in range(3):
+            send(rt, {"type": "kml_request", "executionId": f"req_{n}", "kmlResponse": READ})
+            assert recv(laptop)["executionId"] == f"req_{n}"
+            send(laptop, answer({"executionId": f"req_{n}", "kmlResponse": READ}))
+            assert recv(rt)["executionId"] == f"req_{n}"
+        send(rt, {"type": "kml_request", "executionId": "req_named", "executerId": "zz",
+                  "kmlResponse": READ})  # fmt: skip
+        assert recv(late)["executionId"] == "req_named"  # named, it goes where it is told
+        for ws in (laptop, late, rt):
+            ws.close()
+
+
+def test_a_text_frame_that_is_not_utf8_closes_1007_without_a_traceback(home: Path) -> None:
+    import base64
+    import os
+    import socket
+    import struct
+    from urllib.parse import urlsplit
+
+    bootstrap(home)
+    with serve_with(home) as srv:
+        where = urlsplit(srv.url)
+        for _ in range(2):
+            with socket.create_connection((where.hostname, where.port), timeout=60) as sock:
+                nonce = base64.b64encode(os.urandom(16)).decode()
+                sock.sendall(
+                    f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                    f"Connection: Upgrade\r\nSec-WebSocket-Key: {nonce}\r\n"
+                    f"Sec-WebSocket-Version: 13\r\n\r\n".encode()
+                )
+                got = b""
+                while b"\r\n\r\n" not in got:
+                    got += sock.recv(4096)
+                assert got.startswith(b"HTTP/1.1 101"), got[:100]
+                payload = b'{"type":"auth","apiKey":"\xff\xfe"}'
+                sock.sendall(bytes([0x81, 0x80 | len(payload)]) + b"\0\0\0\0" + payload)
+                frame = got.split(b"\r\n\r\n", 1)[1]
+                while len(frame) < 4:
+                    frame += sock.recv(4096)
+                assert frame[0] == 0x88 and struct.unpack(">H", frame[2:4])[0] == 1007
+    assert srv.log.count("not UTF-8: closed (1007)") == 2  # one line each, read to the end
+    assert "Traceback" not in srv.log
+
+
+def test_frames_that_cost_much_to_read_are_paid_for_in_reading_time(home: Path) -> None:
+    """The same bytes cost fifty times more to read as numbers than as a string: past the
+    connection's reading time (``tunnel.parseSecondsPerSecond``), its next frames are dropped
+    and it is told, while another connection is served at once."""
+    _, key = bootstrap(home)
+    _, other = bootstrap(home, "other")
+    limits = {"parseSecondsPerSecond": 0.001, "parseBurstSeconds": 0.001}
+    with serve_with(home, tunnel=limits) as srv:
+        costly = dial(srv, key)
+        costly.send('{"type": "ping", "ts": 1, "x": [' + ",".join(["1.5"] * 300_000) + "]}")
+        assert recv(costly) == {"type": "pong", "ts": 1}  # the frame that overdrew it is read
+        send(costly, {"type": "ping", "ts": 2})
+        told = recv(costly)
+        assert told["code"] == "rate_limited" and told["retryAfter"] > 0  # the next one waits
+        still_serves(srv, other)
+        costly.close()
+
+
+def test_a_connection_that_floods_on_after_it_was_closed_is_cut_off(home: Path) -> None:
+    """Closed for its rate, a connection that keeps sending is not read on for the ten seconds
+    a close handshake may take: past 64 KiB after the server's close frame it is aborted."""
+    import socket
+    from urllib.parse import urlsplit
+
+    _, key = bootstrap(home)
+    with serve_with(home, tunnel={"framesPerSecond": 5, "frameBurst": 5}) as srv:
+        where = urlsplit(srv.url)
+        with socket.create_connection((where.hostname, where.port), timeout=60) as sock:
+            sock.sendall(
+                f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                f"Authorization: Bearer {key}\r\n\r\n".encode()
+            )
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += sock.recv(4096)
+            assert got.startswith(b"HTTP/1.1 101"), got[:100]
+            payload = b'{"type":"ping"}'
+            frame = bytes([0x81, 0x80 | len(payload)]) + b"\0\0\0\0" + payload
+            chunk = frame * 4096  # ~90 KiB of pings at a time, never a close frame
+            sent, cut = 0, False
+            while sent < 200 * 1024 * 1024:  # the old behaviour read on for 10 s: far more
+                try:
+                    sock.sendall(chunk)
+                except (BrokenPipeError, ConnectionResetError):
+                    cut = True
+                    break
+                sent += len(chunk)
+            # what the kernel's buffers held, not what ten seconds of reading would have taken
+            assert cut and sent < 32 * 1024 * 1024, f"read on for {sent} bytes after its close"
+        still_serves(srv, key)
+    closes = [line for line in srv.log.splitlines() if "over its frame rate" in line]
+    assert len(closes) == 1

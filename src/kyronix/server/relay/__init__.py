@@ -7,7 +7,14 @@ the relay knows nothing of the application's state.
 """
 
 from kyronix.server.relay.core import CLOSE_CLAIMED, SILENT_S, Relay, ResultsHook
-from kyronix.server.relay.peer import CLOSE_POLICY, FrameBudget, Peer, Verdict
+from kyronix.server.relay.peer import (
+    CLOSE_POLICY,
+    FrameBudget,
+    Peer,
+    Verdict,
+    connection_budget,
+    project_budget,
+)
 from kyronix.server.relay.pending import Answer, TunnelFailure
 
 __all__ = [
@@ -21,4 +28,6 @@ __all__ = [
     "ResultsHook",
     "TunnelFailure",
     "Verdict",
+    "connection_budget",
+    "project_budget",
 ]

@@ -49,11 +49,15 @@ class Connections:
             return claimed_message(peer.executer_id)
         if self.cluster is not None:
             async with self._presence_lock(key):
-                taken = await asyncio.to_thread(
+                taken, previous = await asyncio.to_thread(
                     self.cluster.claim, peer.project_id, peer.executer_id, peer.key_id
                 )
             if not taken:
                 return claimed_message(peer.executer_id)
+            if previous is not None:  # its old connection there (perhaps half-dead) closes
+                body = {"project": peer.project_id, "executerId": peer.executer_id,
+                        "keyId": peer.key_id}  # fmt: skip
+                await self.cluster.send(previous, "replaced", body)
         return None
 
     async def put_executer(self, peer: Peer) -> Peer | None:
@@ -86,6 +90,9 @@ class Connections:
     def key_ids(self) -> set[str]:
         return {p.key_id for p in self.peers if p.key_id is not None}
 
+    def project_ids(self) -> set[str]:
+        return {p.project_id for p in self.peers}
+
     def here(self, project_id: str, executer_id: str) -> bool:
         return (project_id, executer_id) in self.executers
 
@@ -110,17 +117,14 @@ class Connections:
     # -- routing -----------------------------------------------------------------------------
 
     def choose(self, project_id: str, executer_id: str | None) -> Peer | None:
-        """The executer connected here: the one named; else ``default``, else the most recently
-        connected."""
+        """The executer connected here: the one named; else ``default``, else the one connected
+        longest (an executer that connects later never takes over the requests naming none)."""
         if executer_id is not None:
             return self.executers.get((project_id, executer_id))
-        mine = [p for (proj, _), p in self.executers.items() if proj == project_id]
-        if not mine:
-            return None
-        for peer in mine:
-            if peer.executer_id == wire.DEFAULT_EXECUTER:
-                return peer
-        return mine[-1]
+        default = self.executers.get((project_id, wire.DEFAULT_EXECUTER))
+        if default is not None:
+            return default
+        return next((p for (proj, _), p in self.executers.items() if proj == project_id), None)
 
     async def route(self, project_id: str, executer_id: str | None) -> Peer | Where | None:
         """The executer to send to: connected here, else on another replica, else None."""

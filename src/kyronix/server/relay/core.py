@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from kyronix import wire
 from kyronix.server.config import TunnelLimits
 from kyronix.server.relay.connections import Connections, no_executer_message
-from kyronix.server.relay.peer import Peer
+from kyronix.server.relay.peer import FrameBudget, Peer, Verdict, project_budget
 from kyronix.server.relay.pending import (
     Answer,
     Pending,
@@ -39,6 +38,7 @@ from kyronix.server.relay.pending import (
     deliver,
 )
 from kyronix.server.relay.remote import Remote, ReplicaSink
+from kyronix.server.relay.rulings import Rulings
 from kyronix.server.tasks import Background
 
 if TYPE_CHECKING:
@@ -53,14 +53,13 @@ SILENT_S = wire.SILENT_S
 CLOSE_CLAIMED = wire.CLOSE_CLAIMED
 """The executer id is held by another key's live connection."""
 
-ResultsHook = Callable[[str, str, Sequence[wire.EntryDict], str | None], Awaitable[None]]
-"""``hook(project_id, request_id, results, session_id)``: record a runtime client's results
-(in ``session_id`` only, when the client named one), before the client gets them (keep it short:
-it is on the round trip)."""
-
-
-class _Sink(Protocol):
-    async def send(self, frame: dict[str, Any]) -> bool: ...
+ResultsHook = Callable[
+    [str, str, Sequence[wire.EntryDict], str | None, str | None], Awaitable[None]
+]
+"""``hook(project_id, request_id, results, session_id, key_id)``: record a runtime client's
+results (in ``session_id`` only, when the client named one; only in sessions whose plans the
+client's key ``key_id`` ran), before the client gets them (keep it short: it is on the round
+trip)."""
 
 
 class Relay:
@@ -78,13 +77,15 @@ class Relay:
         self.requests = Requests(
             kept_bytes=self.limits.kept_bytes, kept_bytes_project=self.limits.kept_bytes_project
         )
-        self.resolves: dict[tuple[str, str], tuple[_Sink, Peer | None]] = {}
-        """A resolve in flight -> (who waits for its answer, the executer it was sent to)."""
         self.on_results = on_results
         self.remote = Remote(cluster, self.requests, self) if cluster is not None else None
+        self.rulings = Rulings(self.connections, self.remote, self.limits)
+        self.budgets: dict[str, FrameBudget] = {}
+        """Each project's frame budget, over all its connections to this replica."""
         self._cluster = cluster
         if cluster is not None:  # a key revoked anywhere: its connections here close at once
             cluster.on("revoked", self._revoked_elsewhere)
+            cluster.on("replaced", self._replaced_elsewhere)
         self._tasks = Background("relaying")
 
     # -- connections -----------------------------------------------------------------------
@@ -92,6 +93,36 @@ class Relay:
     def connect(self, peer: Peer) -> None:
         """A connection authenticated (its frames may come now)."""
         self.connections.connect(peer)
+
+    def admit(self, peer: Peer, now: float, size: int) -> Verdict:
+        """Spend a frame of ``size`` bytes from the connection's budget and its project's
+        (``tunnel.framesPerSecond``..., ``tunnel.framesPerSecondPerProject``...): a frame the
+        project has no room for counts against the connection that sent it."""
+        verdict = peer.budget.take(now, size)
+        if verdict is not Verdict.OK:
+            return verdict
+        project = self.budgets.get(peer.project_id)
+        if project is None:
+            project = self.budgets[peer.project_id] = project_budget(self.limits)
+        if project.take(now, size) is Verdict.OK:
+            return Verdict.OK
+        project.over = 0.0  # the project is not closed: the connection that sent it pays
+        return peer.budget.penalize()
+
+    def spent(self, peer: Peer, seconds: float) -> None:
+        """Reading a frame ``peer`` sent took ``seconds``: from its budget and its project's."""
+        peer.budget.spend(seconds)
+        project = self.budgets.get(peer.project_id)
+        if project is not None:
+            project.spend(seconds)
+
+    def tidy(self, now: float) -> None:
+        """The heartbeat round's sweep: rulings nobody answered are forgotten, and the budgets
+        of projects with no connection here dropped."""
+        self.rulings.expire(now)
+        live = self.connections.project_ids()
+        for project_id in [p for p in self.budgets if p not in live]:
+            del self.budgets[project_id]
 
     async def claim(self, peer: Peer) -> str | None:
         """May ``peer`` be its project's executer? None if so, else why not."""
@@ -118,9 +149,7 @@ class Relay:
             for pending in self.requests.pending.values():
                 if (pending.project_id, pending.executer_id) == key and not pending.remote:
                     pending.lost = True
-        for rkey, (waiting, _) in list(self.resolves.items()):
-            if waiting is peer:
-                del self.resolves[rkey]
+        self.rulings.forget(peer)
 
     async def close_key(self, key_id: str, reason: str) -> int:
         """Close every connection opened with the key (revoked): 4401. Returns how many."""
@@ -136,6 +165,17 @@ class Relay:
 
     async def _revoked_elsewhere(self, body: dict[str, Any]) -> None:
         await self.close_key(str(body["keyId"]), "the API key was revoked")
+
+    async def _replaced_elsewhere(self, body: dict[str, Any]) -> None:
+        """The same key's executer connected again to another replica: its connection here (a
+        dropped TCP connection the server may not have noticed) is closed, 4000, as it would be
+        here, and requests no longer go to it."""
+        key = (str(body["project"]), str(body["executerId"]))
+        old = self.connections.executers.get(key)
+        if old is None or old.key_id != body.get("keyId"):
+            return
+        self.detach(old)
+        await old.close(wire.CLOSE_REPLACED, "replaced by a new connection of this executer")
 
     def here(self, project_id: str, executer_id: str) -> bool:
         return self.connections.here(project_id, executer_id)
@@ -165,10 +205,11 @@ class Relay:
         ``too_many_pending`` past the limits of ``asker``, the runtime connection, or of its
         project)."""
         key = (project_id, request_id)
-        if await self._answered(key, waiter):
+        key_id = asker.key_id if asker is not None else None
+        if await self._answered(key, waiter, key_id):
             return
         if asker is not None:
-            self._check_room(asker)
+            self._check_room(asker, len(kml))
         deadline = time.monotonic() + timeout
         route: Peer | Where | None
         if wait_for_executer:
@@ -177,14 +218,13 @@ class Relay:
             route = await self.connections.route(project_id, executer_id)
         if route is None:
             raise TunnelFailure("no_executer", no_executer_message(project_id, executer_id))
-        if key in self.requests.pending:  # it arrived while we waited for an executer
-            self.requests.join(self.requests.pending[key], waiter)
+        if await self._answered(key, waiter, key_id):  # it arrived while we waited
             return
         target = route.executer_id if isinstance(route, Peer) else route[1]
         assert target is not None
         pending = Pending(
             project_id, request_id, target, kml, deadline, [waiter], internal, asker=asker,
-            session_id=session_id,
+            key_id=key_id, session_id=session_id,
         )  # fmt: skip
         self.requests.add(pending, self._expire)
         if isinstance(route, Peer):
@@ -195,9 +235,17 @@ class Relay:
             assert self.remote is not None
             await self.remote.send_on(pending, route[0])
 
-    async def _answered(self, key: tuple[str, str], waiter: Waiter) -> bool:
-        """Whether the request needs sending no more: its answer is kept (given to ``waiter``
-        now), or it is in flight (``waiter`` joins it)."""
+    async def _answered(self, key: tuple[str, str], waiter: Waiter, key_id: str | None) -> bool:
+        """Whether the request of the key ``key_id`` needs sending no more: its answer is kept
+        (given to ``waiter`` now), or it is in flight (``waiter`` joins it). An id another key
+        uses is refused (``request_in_use``): nobody reads or joins another key's request."""
+        used, owner = self.requests.owner(key)
+        if used and owner != key_id:
+            raise TunnelFailure(
+                "request_in_use",
+                f"the request id {key[1]!r} is in use by another API key of this project (or "
+                f"by the server): choose another id",
+            )
         kept = self.requests.kept_answer(key)
         if kept is not None:
             await waiter(kept)
@@ -208,8 +256,21 @@ class Relay:
             return True
         return False
 
-    def _check_room(self, asker: Peer) -> None:
+    def _check_room(self, asker: Peer, size: int) -> None:
         limits = self.limits
+        project = asker.project_id
+        if asker.pending_bytes + size > limits.max_pending_bytes:
+            raise TunnelFailure(
+                "too_many_pending",
+                f"this connection has {asker.pending_bytes} bytes of requests in flight; with "
+                f"{size} more it would be over tunnel.maxPendingBytes: wait for their results",
+            )
+        if self.requests.bytes_by_project[project] + size > limits.max_pending_bytes_project:
+            raise TunnelFailure(
+                "too_many_pending",
+                f"project {project} has too many bytes of requests in flight "
+                f"(tunnel.maxPendingBytesPerProject); wait for their results",
+            )
         if asker.pending >= limits.max_pending:
             raise TunnelFailure(
                 "too_many_pending",
@@ -225,18 +286,19 @@ class Relay:
 
     async def request_from(
         self, origin: str, project_id: str, request_id: str, kml: str, *,
-        executer_id: str | None, timeout: float, waiter: Waiter,
+        executer_id: str | None, timeout: float, waiter: Waiter, key_id: str | None = None,
     ) -> None:  # fmt: skip
         """A request another replica sent on for an executer connected here: relayed, its frames
-        sent back to ``origin`` (which records the results and answers its client)."""
+        sent back to ``origin`` (which records the results and answers its client). Raises
+        :class:`TunnelFailure` ``request_in_use`` when another key's request has its id."""
         key = (project_id, request_id)
-        if await self._answered(key, waiter):
+        if await self._answered(key, waiter, key_id):
             return
         route = self.connections.choose(project_id, executer_id)
         target = route.executer_id if route is not None else executer_id
         pending = Pending(
             project_id, request_id, target or wire.DEFAULT_EXECUTER, kml,
-            time.monotonic() + timeout, [waiter], origin=origin,
+            time.monotonic() + timeout, [waiter], origin=origin, key_id=key_id,
         )  # fmt: skip
         self.requests.add(pending, self._expire)
         if route is not None:
@@ -284,13 +346,14 @@ class Relay:
         pending = self.requests.pop(key)
         if pending is None:
             return
-        self.requests.keep(project_id, result, size)
+        self.requests.keep(project_id, result, size, pending.key_id)
         relaying = pending.origin is not None  # the origin records it
         if self.on_results is not None and not relaying and not pending.internal:
             try:  # recorded first: a runtime that reads the session after its result came back
                 await self.on_results(  # finds it
-                    project_id, result.request_id, result.results, pending.session_id
-                )
+                    project_id, result.request_id, result.results, pending.session_id,
+                    pending.key_id,
+                )  # fmt: skip
             except Exception:
                 log.exception("recording the results of request %s failed", result.request_id)
         await deliver(pending.waiters, result)
@@ -304,12 +367,12 @@ class Relay:
         await deliver(pending.waiters, frame)
         return True
 
-    def forget_waiter(self, waiter: Waiter) -> None:
-        """A runtime connection went away: its requests nobody else waits for are dropped after
-        ``tunnel.orphanTimeout`` (unless someone joins them again)."""
-        loop = asyncio.get_running_loop()
-        for pending in self.requests.forget_waiter(waiter):
-            loop.call_later(self.limits.orphan_s, self._drop_orphan, pending)
+    def forget_waiter(self, project_id: str, request_id: str, waiter: Waiter) -> None:
+        """A runtime connection went away (or sent the same request again): a request nobody
+        else waits for is dropped after ``tunnel.orphanTimeout`` (unless someone joins it)."""
+        orphan = self.requests.forget_waiter((project_id, request_id), waiter)
+        if orphan is not None:
+            asyncio.get_running_loop().call_later(self.limits.orphan_s, self._drop_orphan, orphan)
 
     def _drop_orphan(self, pending: Pending) -> None:
         if pending.orphaned is None or self.requests.pending.get(pending.key) is not pending:
@@ -342,66 +405,30 @@ class Relay:
         try:
             answer = await done
         finally:
-            self.requests.forget_waiter(waiter)
+            self.requests.forget_waiter((project_id, request_id), waiter)
         if isinstance(answer, wire.ErrorFrame):
             raise TunnelFailure(answer.code, answer.message)
         return answer
 
-    # -- resolve ---------------------------------------------------------------------------
+    # -- rulings -------------------------------------------------------------------------
 
     async def resolve(self, peer: Peer, frame: wire.Resolve) -> None:
         """A runtime client's ruling, sent to the executer that holds the execution."""
-        await self._resolve(peer, frame, peer.project_id, local_only=False)
+        await self.rulings.ask(peer, frame, peer.project_id, local_only=False)
 
     async def resolve_for(self, sink: ReplicaSink, frame: wire.Resolve, project_id: str) -> None:
         """A ruling another replica sent on: only an executer connected here may take it."""
-        await self._resolve(sink, frame, project_id, local_only=True)
-
-    async def _resolve(
-        self, sink: _Sink, frame: wire.Resolve, project_id: str, *, local_only: bool
-    ) -> None:
-        route = await self.connections.route(project_id, frame.executer_id)
-        if local_only and not isinstance(route, Peer):
-            route = None
-        request_id = frame.request_id or f"res_{secrets.token_hex(8)}"
-        if route is None:
-            message = no_executer_message(project_id, frame.executer_id)
-            await sink.send(
-                wire.error(
-                    "no_executer", message, execution_id=frame.execution_id, request_id=request_id
-                )
-            )
-            return
-        self.resolves[(project_id, request_id)] = (sink, route if isinstance(route, Peer) else None)
-        if not isinstance(route, Peer):
-            assert self.remote is not None
-            await self.remote.send_resolve(route, _with_request_id(frame, request_id), project_id)
-            return
-        await route.send(
-            wire.resolve(
-                frame.execution_id, frame.resolution, request_id, base_path=frame.base_path
-            )
-        )
+        await self.rulings.ask(sink, frame, project_id, local_only=True)
 
     async def resolved(self, peer: Peer, answer: wire.Resolved | wire.ErrorFrame) -> bool:
-        """An executer's answer to a ``resolve``: believed only from the executer it was sent to
-        (False: refused)."""
-        if answer.request_id is None:
-            return False
-        waiting = self.resolves.get((peer.project_id, answer.request_id))
-        if waiting is None or waiting[1] is not peer:
-            return False
-        await self.answer_resolve(peer.project_id, answer)
-        return True
+        """An executer's answer to a ``resolve`` (believed only from the executer it was sent
+        to; False: refused)."""
+        return await self.rulings.answered(peer, answer)
 
     async def answer_resolve(
         self, project_id: str, answer: wire.Resolved | wire.ErrorFrame
     ) -> None:
-        if answer.request_id is None:
-            return
-        waiting = self.resolves.pop((project_id, answer.request_id), None)
-        if waiting is not None:
-            await waiting[0].send(wire.as_dict(answer))
+        await self.rulings.answer(project_id, answer)
 
     # -- across replicas -------------------------------------------------------------------
 
@@ -425,9 +452,3 @@ class Relay:
             await peer.close(1001, "the server is shutting down")
         await self.connections.close()
         await self._tasks.close()
-
-
-def _with_request_id(frame: wire.Resolve, request_id: str) -> wire.Resolve:
-    return wire.Resolve(
-        frame.execution_id, frame.resolution, request_id, frame.base_path, frame.executer_id
-    )

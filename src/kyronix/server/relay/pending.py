@@ -41,6 +41,7 @@ __all__ = [
 
 KEEP_RESULTS_S = 600.0
 KEEP_RESULTS = 1000
+"""Answers kept per project (by count; and by bytes: ``tunnel.keptBytesPerProject``)."""
 
 Answer = wire.KmlResult | wire.KmlProgress | wire.ErrorFrame
 """What the waiters of a request get: its progress, then its result or an error."""
@@ -69,6 +70,9 @@ class Pending:
     """The server's own request (the server-driven loop records its results itself)."""
     asker: Peer | None = None
     """The runtime connection that asked (its in-flight count)."""
+    key_id: str | None = None
+    """The API key of the runtime that asked (None: the server's own request). The request id
+    is that key's: another key of the project may neither join it nor read its answer."""
     session_id: str | None = None
     """The session the runtime named (``sessionId``): its results are recorded there only."""
     sent_to: Peer | None = None
@@ -98,6 +102,7 @@ class _Kept:
     at: float
     result: wire.KmlResult
     size: int
+    key_id: str | None
 
 
 class Requests:
@@ -115,14 +120,19 @@ class Requests:
         self.kept_bytes_project = kept_bytes_project
         self._kept_total = 0
         self._kept_by_project: Counter[str] = Counter()
+        self._kept_count: Counter[str] = Counter()
         self.by_project: Counter[str] = Counter()
         """Requests of runtime connections in flight, per project."""
+        self.bytes_by_project: Counter[str] = Counter()
+        """The bytes of their KML, per project."""
 
     def add(self, pending: Pending, on_expire: Callable[[Key], None]) -> None:
         self.pending[pending.key] = pending
         if pending.asker is not None:
             pending.asker.pending += 1
+            pending.asker.pending_bytes += len(pending.kml)
             self.by_project[pending.project_id] += 1
+            self.bytes_by_project[pending.project_id] += len(pending.kml)
         loop = asyncio.get_running_loop()
         delay = max(0.0, pending.deadline - time.monotonic())
         pending.timer = loop.call_at(loop.time() + delay, on_expire, pending.key)
@@ -135,29 +145,43 @@ class Requests:
             pending.timer.cancel()
         if pending.asker is not None:
             pending.asker.pending -= 1
+            pending.asker.pending_bytes -= len(pending.kml)
             self.by_project[pending.project_id] -= 1
+            self.bytes_by_project[pending.project_id] -= len(pending.kml)
             if self.by_project[pending.project_id] <= 0:
                 del self.by_project[pending.project_id]
+                del self.bytes_by_project[pending.project_id]
         return pending
 
     # -- answers kept ------------------------------------------------------------------------
 
-    def keep(self, project_id: str, result: wire.KmlResult, size: int) -> None:
-        """Keep an answer for re-sent requests (not when it alone is over the project's
-        bound); the oldest kept go first past the bounds."""
+    def keep(
+        self, project_id: str, result: wire.KmlResult, size: int, key_id: str | None = None
+    ) -> None:
+        """Keep an answer for re-sent requests of the key ``key_id`` (not when it alone is over
+        the project's bound); the oldest kept go first past the bounds."""
         key = (project_id, result.request_id)
         self._forget(key)
         if size > self.kept_bytes_project or size > self.kept_bytes:
             return
-        self.kept[key] = _Kept(time.monotonic(), result, size)
+        self.kept[key] = _Kept(time.monotonic(), result, size, key_id)
         self._kept_total += size
         self._kept_by_project[project_id] += size
+        self._kept_count[project_id] += 1
         self._trim(project_id)
 
     def kept_answer(self, key: Key) -> wire.KmlResult | None:
         self._trim(None)
         found = self.kept.get(key)
         return None if found is None else found.result
+
+    def owner(self, key: Key) -> tuple[bool, str | None]:
+        """Whether the request id is in use (in flight, or its answer kept), and by which key."""
+        pending = self.pending.get(key)
+        if pending is not None:
+            return True, pending.key_id
+        found = self.kept.get(key)
+        return (True, found.key_id) if found is not None else (False, None)
 
     @property
     def kept_size(self) -> int:
@@ -168,39 +192,40 @@ class Requests:
         if old is not None:
             self._kept_total -= old.size
             self._kept_by_project[key[0]] -= old.size
-            if self._kept_by_project[key[0]] <= 0:
+            self._kept_count[key[0]] -= 1
+            if self._kept_count[key[0]] <= 0:
                 del self._kept_by_project[key[0]]
+                del self._kept_count[key[0]]
 
     def _trim(self, project_id: str | None) -> None:
         now = time.monotonic()
         while self.kept:
             key, oldest = next(iter(self.kept.items()))
-            if (
-                len(self.kept) > KEEP_RESULTS
-                or now - oldest.at > KEEP_RESULTS_S
-                or self._kept_total > self.kept_bytes
-            ):
+            if now - oldest.at > KEEP_RESULTS_S or self._kept_total > self.kept_bytes:
                 self._forget(key)
             else:
                 break
-        if project_id is not None:
-            while self._kept_by_project.get(project_id, 0) > self.kept_bytes_project:
+        if project_id is not None:  # one project's answers never push out another's
+            while (
+                self._kept_by_project.get(project_id, 0) > self.kept_bytes_project
+                or self._kept_count.get(project_id, 0) > KEEP_RESULTS
+            ):
                 mine = next(k for k in self.kept if k[0] == project_id)
                 self._forget(mine)
 
     # -- waiters -----------------------------------------------------------------------------
 
-    def forget_waiter(self, waiter: Waiter) -> list[Pending]:
-        """Remove a waiter; the requests it leaves nobody waiting for (orphans)."""
-        orphans = []
-        now = time.monotonic()
-        for pending in self.pending.values():
-            if waiter in pending.waiters:
-                pending.waiters.remove(waiter)
-                if not pending.waiters and not pending.internal:
-                    pending.orphaned = now
-                    orphans.append(pending)
-        return orphans
+    def forget_waiter(self, key: Key, waiter: Waiter) -> Pending | None:
+        """Remove a waiter of the request ``key``; the request, if that left nobody waiting for
+        it (an orphan)."""
+        pending = self.pending.get(key)
+        if pending is None or waiter not in pending.waiters:
+            return None
+        pending.waiters.remove(waiter)
+        if pending.waiters or pending.internal:
+            return None
+        pending.orphaned = time.monotonic()
+        return pending
 
     def join(self, pending: Pending, waiter: Waiter) -> None:
         pending.waiters.append(waiter)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kyronix import wire
-from kyronix.server.relay.pending import Answer, Pending, Requests, deliver
+from kyronix.server.relay.pending import Answer, Pending, Requests, TunnelFailure, deliver
 
 if TYPE_CHECKING:
     from kyronix.server.cluster import Cluster, Where
@@ -32,7 +32,7 @@ class _Local(Protocol):
 
     async def request_from(
         self, origin: str, project_id: str, request_id: str, kml: str, *,
-        executer_id: str | None, timeout: float, waiter: Any,
+        executer_id: str | None, timeout: float, waiter: Any, key_id: str | None,
     ) -> None: ...  # fmt: skip
 
     async def finish(self, project_id: str, result: wire.KmlResult, size: int) -> None: ...
@@ -80,6 +80,7 @@ class Remote:
         body = {
             "project": pending.project_id, "requestId": pending.request_id, "kml": pending.kml,
             "executerId": pending.executer_id, "timeout": left, "origin": self.cluster.id,
+            "keyId": pending.key_id,
         }  # fmt: skip
         await self.cluster.send(replica, "request", body)
 
@@ -136,12 +137,16 @@ class Remote:
         known = self.requests.pending.get((project_id, request_id))
         if known is not None and known.origin == origin and known.waiters:
             return  # a repeat of a request already relayed (its frames already go back)
-        executer = body.get("executerId")
-        await self.local.request_from(
-            origin, project_id, request_id, str(body["kml"]),
-            executer_id=executer if isinstance(executer, str) else None,
-            timeout=float(body["timeout"]), waiter=waiter,
-        )  # fmt: skip
+        executer, key_id = body.get("executerId"), body.get("keyId")
+        try:
+            await self.local.request_from(
+                origin, project_id, request_id, str(body["kml"]),
+                executer_id=executer if isinstance(executer, str) else None,
+                timeout=float(body["timeout"]), waiter=waiter,
+                key_id=key_id if isinstance(key_id, str) else None,
+            )  # fmt: skip
+        except TunnelFailure as exc:  # another key's request has this id here
+            await waiter(wire.ErrorFrame(exc.code, exc.message, request_id))
 
     async def _frame(self, body: dict[str, Any]) -> None:
         """A frame of a request this replica sent on, from the executer's replica."""

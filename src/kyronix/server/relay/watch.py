@@ -1,7 +1,7 @@
 """The relay's rounds: what it checks every so often, each a loop the server runs.
 
 * :func:`heartbeats_forever`: executers heard nothing from for ``SILENT_S`` are dropped (their
-  pending requests wait for them to come back);
+  pending requests wait for them to come back), and :meth:`Relay.tidy` sweeps what expired;
 * :func:`revocations_forever`: the connections of a key revoked since are closed (4401);
 * :func:`replicas_forever`: with several replicas, when each executer here was last heard from
   is recorded, and requests whose executer moved are sent again where it is now.
@@ -27,7 +27,9 @@ REVOKE_POLL_S = 0.5
 async def heartbeats_forever(relay: Relay, every: float = wire.HEARTBEAT_S) -> None:
     while True:
         await asyncio.sleep(every)
-        for peer in relay.connections.silent(time.monotonic(), SILENT_S):
+        now = time.monotonic()
+        relay.tidy(now)
+        for peer in relay.connections.silent(now, SILENT_S):
             log.info(
                 "executer %s of project %s went silent; dropped", peer.executer_id, peer.project_id
             )

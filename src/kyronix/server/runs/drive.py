@@ -164,7 +164,9 @@ class Driver:
             self._answer_unsettled(handle)
             return
         if outcome.ok and outcome.issues_ids:
-            self.recorder.remember(handle.project_id, handle.session_id, outcome.execution_ids)
+            self.recorder.remember(
+                handle.project_id, handle.session_id, outcome.execution_ids, outcome.key_id
+            )
 
     async def _taken_from_us(self, handle: RunHandle) -> bool:
         """Whether another replica owns the run now (or it ended there)."""

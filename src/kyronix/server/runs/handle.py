@@ -40,6 +40,9 @@ class RunRequest:
     request_hash: str | None = None
     execute: str | None = None
     """``"tunnel"``: the server runs the tools over the tunnel (the server-driven loop)."""
+    key_id: str | None = None
+    """The API key that started it (None: the dashboard): its plan's results are recorded only
+    from a runtime holding the same key."""
 
 
 class RunHandle:

@@ -65,6 +65,8 @@ class Outcome:
     """Whether :meth:`record` goes into the session log (a bug's 500 records nothing)."""
     issues_ids: bool = False
     """The plan's execution ids are remembered as issued by this session (a plan's answer)."""
+    key_id: str | None = None
+    """The API key the run was started with: only a runtime holding it records its results."""
     credits_remaining: int | None = None
     """Set when the run is settled."""
     # -- how it is being settled (the driver and the settlement fill these in)

@@ -113,7 +113,7 @@ class PlanCourse:
         outcome = Outcome(
             handle.id, handle.session_id, 200, response=response, execution_ids=tuple(ids),
             cost=charge(self.mode.config, meter.usd), usage=meter.usage,
-            texts=[*self.texts, text], issues_ids=True,
+            texts=[*self.texts, text], issues_ids=True, key_id=self.req.key_id,
         )  # fmt: skip
         # recorded (and charged) with the turn's run_ended: one commit, not two
         self.mode.settlement.stage(self.session, outcome, handle.project_id, run=turn.run)

@@ -158,9 +158,16 @@ def running_elsewhere(conn: Connection, run_ids: Iterable[str], owner: str) -> s
 
 
 def record_issued(
-    conn: Connection, execution_ids: Sequence[str], project_id: str, session_id: str, run_id: str
+    conn: Connection,
+    execution_ids: Sequence[str],
+    project_id: str,
+    session_id: str,
+    run_id: str,
+    *,
+    key_id: str | None = None,
 ) -> None:
-    """Remember which session's run issued a plan's tool ids (where their results go)."""
+    """Remember which session's run (of which API key) issued a plan's tool ids (where their
+    results go, and from whom)."""
     if not execution_ids:
         return
     at = now_ms()
@@ -168,7 +175,7 @@ def record_issued(
         _NEW_EXECUTION,
         [
             {"id": eid, "project_id": project_id, "session_id": session_id, "run_id": run_id,
-             "created_at": at}
+             "created_at": at, "key_id": key_id}
             for eid in execution_ids
         ],
     )  # fmt: skip
@@ -176,16 +183,17 @@ def record_issued(
 
 def sessions_of_executions(
     conn: Connection, execution_ids: Sequence[str], project_id: str
-) -> dict[str, str]:
-    """Tool execution id -> the session whose plan issued it (of this project; others absent)."""
+) -> dict[str, tuple[str, str | None]]:
+    """Tool execution id -> (the session whose plan issued it, the API key that ran the plan),
+    of this project (others absent)."""
     if not execution_ids:
         return {}
     rows = conn.execute(
-        select(executions.c.id, executions.c.session_id).where(
+        select(executions.c.id, executions.c.session_id, executions.c.key_id).where(
             executions.c.id.in_(list(execution_ids)) & (executions.c.project_id == project_id)
         )
     )
-    return {r.id: r.session_id for r in rows}
+    return {r.id: (r.session_id, r.key_id) for r in rows}
 
 
 def issued_in(conn: Connection, project_id: str, session_id: str) -> dict[str, str]:

@@ -13,6 +13,7 @@ Recording is best effort: the executer's receipts keep the truth either way.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -35,6 +36,9 @@ ISSUED_KEPT = 100_000
 RECORDED_CHARS = 64 * 1024
 """How much of one tool's output (and error) is recorded in its session (the rest is cut, and
 the entry says ``truncated``; the executer's receipt keeps it whole)."""
+RECORDED_BYTES = 3 * RECORDED_CHARS
+"""The most one entry may take in the session (as JSON) with its arguments and data."""
+_KEPT = ("success", "output", "executionId", "ms", "error", "errorType", "uncertain", "running")
 
 
 def _execution_id(entry: Any) -> str | None:
@@ -44,6 +48,9 @@ def _execution_id(entry: Any) -> str | None:
 
 
 def _capped(entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry as recorded: its output and error cut to :data:`RECORDED_CHARS`; and when the
+    rest of it (the arguments, the structured ``data``) is still over :data:`RECORDED_BYTES`,
+    those are dropped too (``truncated``): the receipt keeps them."""
     result = dict(entry["result"])
     cut = False
     for name in ("output", "error"):
@@ -51,10 +58,25 @@ def _capped(entry: dict[str, Any]) -> dict[str, Any]:
         if isinstance(text, str) and len(text) > RECORDED_CHARS:
             result[name] = text[:RECORDED_CHARS]
             cut = True
+    capped = {**entry, "result": result}
+    if len(json.dumps(capped, default=str)) > RECORDED_BYTES:
+        result.pop("data", None)
+        capped = {"tool": str(entry.get("tool", ""))[:200], "args": {}, "result": result}
+        if len(json.dumps(capped, default=str)) > RECORDED_BYTES:  # other fields, made up
+            result = {k: result[k] for k in _KEPT if k in result}
+            capped["result"] = result
+        cut = True
     if not cut:
         return entry
     result["truncated"] = True
-    return {**entry, "result": result}
+    return capped
+
+
+def _same_key(issuer: str | None, asker: str | None) -> bool:
+    """May results asked for by the key ``asker`` go where the key ``issuer`` ran the plan? A
+    plan issued before keys were recorded (or by the dashboard: no key) takes any of the
+    project's."""
+    return issuer is None or issuer == asker
 
 
 class ResultsRecorder:
@@ -62,17 +84,25 @@ class ResultsRecorder:
         self.db = db
         self.pool = pool
         self.cluster = cluster
-        self._issued: OrderedDict[str, tuple[str, str]] = OrderedDict()
-        """Plan tool ids this process issued -> (project, session): where their results go."""
+        self._issued: OrderedDict[str, tuple[str, str, str | None]] = OrderedDict()
+        """Plan tool ids this process issued -> (project, session, the API key that ran the
+        plan): where their results go, and from whom."""
         self._recorded: OrderedDict[str, None] = OrderedDict()
         """Tool ids whose result was recorded (a result comes into its session once)."""
         if cluster is not None:
             cluster.on("record", self._forwarded)
 
-    def remember(self, project_id: str, session_id: str, execution_ids: Sequence[str]) -> None:
-        """The session's run issued these tool ids (its plan was answered)."""
+    def remember(
+        self,
+        project_id: str,
+        session_id: str,
+        execution_ids: Sequence[str],
+        key_id: str | None = None,
+    ) -> None:
+        """The session's run (of the API key ``key_id``) issued these tool ids (its plan was
+        answered)."""
         for eid in execution_ids:
-            self._issued[eid] = (project_id, session_id)
+            self._issued[eid] = (project_id, session_id, key_id)
         while len(self._issued) > ISSUED_KEPT:
             self._issued.popitem(last=False)
 
@@ -82,13 +112,16 @@ class ResultsRecorder:
         request_id: str,
         results: Sequence[Any],
         session_id: str | None = None,
+        key_id: str | None = None,
     ) -> None:
-        """The relay's hook: a ``kml_result`` of the project answered a request it sent. Each
-        entry goes to the session that issued its tool id, once (an entry whose id no session
-        of the project issued, or that was recorded already, goes nowhere; with ``session_id``,
-        the session the client named, only its own entries go anywhere); ids this process did
-        not issue are looked up in ``kx_executions`` (one indexed query). Recorded before the
-        runtime client gets the result: a client that reads the session then finds it."""
+        """The relay's hook: a ``kml_result`` of the project answered a request it sent, for a
+        runtime holding the API key ``key_id``. Each entry goes to the session that issued its
+        tool id, once, and only when that session's plan was run with the same key (an entry
+        whose id no session of the project issued, issued to another key, or recorded already,
+        goes nowhere; with ``session_id``, the session the client named, only its own entries
+        go anywhere); ids this process did not issue are looked up in ``kx_executions`` (one
+        indexed query). Recorded before the runtime client gets the result: a client that reads
+        the session then finds it."""
         known: dict[str, list[Any]] = {}
         unknown: list[tuple[str, Any]] = []
         for entry in results:
@@ -96,21 +129,23 @@ class ResultsRecorder:
             if eid is None or eid in self._recorded:
                 continue
             issued = self._issued.get(eid)
-            if issued is not None and issued[0] == project_id:
-                known.setdefault(issued[1], []).append(entry)
-            elif issued is None:
+            if issued is None:
                 unknown.append((eid, entry))
+            elif issued[0] == project_id and _same_key(issued[2], key_id):
+                known.setdefault(issued[1], []).append(entry)
         if unknown:
-            for found, entries in (await self._look_up(project_id, request_id, unknown)).items():
+            found_by = await self._look_up(project_id, request_id, key_id, unknown)
+            for found, entries in found_by.items():
                 known.setdefault(found, []).extend(entries)
         for target, entries in known.items():
             if session_id is None or target == session_id:
                 await self._deliver_entries(target, request_id, entries)
 
     async def _look_up(
-        self, project_id: str, request_id: str, entries: list[tuple[str, Any]]
+        self, project_id: str, request_id: str, key_id: str | None, entries: list[tuple[str, Any]]
     ) -> dict[str, list[Any]]:
-        """The entries by the session that issued them (of this project; others: nowhere)."""
+        """The entries by the session that issued them (of this project, to the key ``key_id``;
+        others: nowhere)."""
         ids = [eid for eid, _ in entries]
         try:
             owners = await asyncio.to_thread(
@@ -121,8 +156,9 @@ class ResultsRecorder:
             return {}
         by_session: dict[str, list[Any]] = {}
         for eid, entry in entries:
-            if eid in owners:  # else: not a plan of this server's
-                by_session.setdefault(owners[eid], []).append(entry)
+            owner = owners.get(eid)
+            if owner is not None and _same_key(owner[1], key_id):  # else: not for this key
+                by_session.setdefault(owner[0], []).append(entry)
         return by_session
 
     async def _deliver_entries(self, session_id: str, request_id: str, entries: list[Any]) -> None:

@@ -125,8 +125,9 @@ class Settlement:
         sessions.free(conn, outcome.session_id, outcome.run_id)
         if outcome.ok and outcome.issues_ids:  # where the tunnel records their results
             records.record_issued(
-                conn, outcome.execution_ids, project_id, outcome.session_id, outcome.run_id
-            )
+                conn, outcome.execution_ids, project_id, outcome.session_id, outcome.run_id,
+                key_id=outcome.key_id,
+            )  # fmt: skip
 
     async def settle(self, handle: RunHandle, outcome: Outcome) -> None:
         """Settle the run (unless the batch that recorded its answer already did) and answer
