@@ -33,75 +33,22 @@ from kiso.kernel import (
 )
 from kyronix.server import users
 from kyronix.server.db import api_keys, custom_agents, executions, now_ms, projects, sessions
-from kyronix.server.db import users as users_table
 
+from .browser import SignedIn
 from .helpers import auth, project_with_key, tools_of
 
-CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
-
-class Browser:
-    """A signed-in user's browser: the TestClient's cookie jar and the session's CSRF token."""
+class Browser(SignedIn):
+    """A signed-in user's browser, at their first project."""
 
     def __init__(self, client: Any, app: Any, login: str) -> None:
-        self.client, self.app, self.login = client, app, login
-        state = app.state.kx
-        token, _ = state.db.write(lambda c: users.create_link(c, state.secret, login=login))
-        client.cookies.clear()
-        page = client.get(f"/signin/{token}")
-        assert page.status_code == 200, page.text
-        signed = client.post(
-            f"/signin/{token}", data={"csrf": csrf_of(page.text)}, follow_redirects=False
-        )
-        assert signed.status_code == 303, signed.text
-        self.cookies = dict(client.cookies)
-        landing = self.get("/dashboard/projects")
-        self.csrf = csrf_of(landing.text)
-        uid = self.uid()
-        self.project_id = state.db.read(lambda c: users.projects_of(c, uid))[0].id
-
-    def uid(self) -> str:
-        login = self.login
-        uid: str = db(self.app).read(
-            lambda c: c.execute(
-                select(users_table.c.id).where(users_table.c.login == login)
-            ).scalar_one()
-        )
-        return uid
-
-    def _use(self) -> None:
-        if dict(self.client.cookies) != self.cookies:
-            self.client.cookies.clear()
-            for name, value in self.cookies.items():
-                self.client.cookies.set(name, value)
-
-    def _keep(self) -> None:
-        self.cookies = dict(self.client.cookies)
-
-    def get(self, url: str, **kw: Any) -> Any:
-        self._use()
-        r = self.client.get(url, follow_redirects=kw.pop("follow_redirects", False), **kw)
-        self._keep()
-        return r
-
-    def post(self, url: str, data: dict[str, Any] | None = None, *, csrf: bool = True) -> Any:
-        self._use()
-        form = dict(data or {})
-        if csrf:
-            form["csrf"] = self.csrf
-        r = self.client.post(url, data=form, follow_redirects=False)
-        self._keep()
-        return r
+        super().__init__(client, app, login)
+        uid = self.uid
+        self.project_id = db(app).read(lambda c: users.projects_of(c, uid))[0].id
 
     @property
     def p(self) -> str:
         return f"/dashboard/projects/{self.project_id}"
-
-
-def csrf_of(html: str) -> str:
-    m = CSRF.search(html)
-    assert m, "no CSRF token on the page"
-    return m.group(1)
 
 
 def db(app: Any) -> Any:

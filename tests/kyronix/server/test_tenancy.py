@@ -5,7 +5,6 @@ and owner. On SQLite and on PostgreSQL (tests/pg.py)."""
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,60 +18,15 @@ from sqlalchemy.exc import IntegrityError
 from kyronix.errors import KyronixUsageError
 from kyronix.server import accounts, billing, users
 from kyronix.server.db import Database, ledger, projects
-from kyronix.server.db import users as users_table
 
+from .browser import SignedIn
 from .helpers import ON_BOTH, kyronix, wait_until
 
-CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 GRANT = 100_000  # the default initialCredits (100 credits), in millicredits
 
 
-def csrf_of(html: str) -> str:
-    found = CSRF.search(html)
-    assert found, "no CSRF token on the page"
-    return found.group(1)
-
-
-class Browser:
-    """A user signed in with a one-time link (test_dashboard_pages' Browser, cut down): the
-    TestClient's cookies, kept per user, and the session's CSRF token."""
-
-    def __init__(self, client: Any, app: Any, login: str) -> None:
-        self.client, self.app, self.login = client, app, login
-        state = app.state.kx
-        token, _ = state.db.write(lambda c: users.create_link(c, state.secret, login=login))
-        client.cookies.clear()
-        page = client.get(f"/signin/{token}")
-        assert page.status_code == 200, page.text
-        signed = client.post(
-            f"/signin/{token}", data={"csrf": csrf_of(page.text)}, follow_redirects=False
-        )
-        assert signed.status_code == 303, signed.text
-        self.cookies = dict(client.cookies)
-        self.csrf = csrf_of(self.get("/dashboard/projects").text)
-        self.uid: str = state.db.read(
-            lambda c: c.execute(
-                select(users_table.c.id).where(users_table.c.login == login)
-            ).scalar_one()
-        )
-
-    def _use(self) -> None:
-        if dict(self.client.cookies) != self.cookies:
-            self.client.cookies.clear()
-            for name, value in self.cookies.items():
-                self.client.cookies.set(name, value)
-
-    def get(self, url: str) -> Any:
-        self._use()
-        r = self.client.get(url, follow_redirects=False)
-        self.cookies = dict(self.client.cookies)
-        return r
-
-    def post(self, url: str, data: dict[str, Any]) -> Any:
-        self._use()
-        r = self.client.post(url, data={**data, "csrf": self.csrf}, follow_redirects=False)
-        self.cookies = dict(self.client.cookies)
-        return r
+class Browser(SignedIn):
+    """A signed-in user who makes projects."""
 
     def create(self, name: str) -> str:
         """A new project through the dashboard: its id."""

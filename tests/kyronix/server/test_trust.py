@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -520,12 +522,10 @@ def test_an_auth_frame_over_4_kib_is_refused_before_it_is_parsed(home: Path) -> 
 def test_a_body_is_not_read_before_its_key_is_checked(home: Path) -> None:
     """Headers that promise a body, and no body: without a key the answer is a 401 at once (the
     server never waits for, or reads, a byte of it)."""
-    import socket
-    from urllib.parse import urlsplit
-
     bootstrap(home)
     with serve_with(home) as srv:
         where = urlsplit(srv.url)
+        assert where.hostname is not None and where.port is not None
         with socket.create_connection((where.hostname, where.port), timeout=60) as sock:
             sock.sendall(
                 b"POST /api/agents/coding HTTP/1.1\r\nHost: x\r\n"
@@ -651,31 +651,40 @@ def test_an_executer_that_connects_later_does_not_take_over_unnamed_requests(
             ws.close()
 
 
+@contextlib.contextmanager
+def raw_ws(srv: ServerProcess, key: str | None = None) -> Iterator[tuple[socket.socket, bytes]]:
+    """A WebSocket to ``/ws`` on a bare socket (frames written by hand, as no client library
+    would): the socket, and what came after the upgrade's headers."""
+    where = urlsplit(srv.url)
+    assert where.hostname is not None and where.port is not None
+    with socket.create_connection((where.hostname, where.port), timeout=60) as sock:
+        bearer = f"Authorization: Bearer {key}\r\n" if key else ""
+        sock.sendall(
+            f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+            f"{bearer}\r\n".encode()
+        )
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += sock.recv(4096)
+        assert got.startswith(b"HTTP/1.1 101"), got[:100]
+        yield sock, got.split(b"\r\n\r\n", 1)[1]
+
+
+def masked(payload: bytes) -> bytes:
+    """One text frame from a client (a zero mask), up to 125 bytes."""
+    return bytes([0x81, 0x80 | len(payload)]) + b"\0\0\0\0" + payload
+
+
 def test_a_text_frame_that_is_not_utf8_closes_1007_without_a_traceback(home: Path) -> None:
-    import base64
-    import os
-    import socket
     import struct
-    from urllib.parse import urlsplit
 
     bootstrap(home)
     with serve_with(home) as srv:
-        where = urlsplit(srv.url)
         for _ in range(2):
-            with socket.create_connection((where.hostname, where.port), timeout=60) as sock:
-                nonce = base64.b64encode(os.urandom(16)).decode()
-                sock.sendall(
-                    f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
-                    f"Connection: Upgrade\r\nSec-WebSocket-Key: {nonce}\r\n"
-                    f"Sec-WebSocket-Version: 13\r\n\r\n".encode()
-                )
-                got = b""
-                while b"\r\n\r\n" not in got:
-                    got += sock.recv(4096)
-                assert got.startswith(b"HTTP/1.1 101"), got[:100]
-                payload = b'{"type":"auth","apiKey":"\xff\xfe"}'
-                sock.sendall(bytes([0x81, 0x80 | len(payload)]) + b"\0\0\0\0" + payload)
-                frame = got.split(b"\r\n\r\n", 1)[1]
+            with raw_ws(srv) as (sock, early):
+                sock.sendall(masked(b'{"type":"auth","apiKey":"\xff\xfe"}'))
+                frame = early
                 while len(frame) < 4:
                     frame += sock.recv(4096)
                 assert frame[0] == 0x88 and struct.unpack(">H", frame[2:4])[0] == 1007
@@ -704,25 +713,10 @@ def test_frames_that_cost_much_to_read_are_paid_for_in_reading_time(home: Path) 
 def test_a_connection_that_floods_on_after_it_was_closed_is_cut_off(home: Path) -> None:
     """Closed for its rate, a connection that keeps sending is not read on for the ten seconds
     a close handshake may take: past 64 KiB after the server's close frame it is aborted."""
-    import socket
-    from urllib.parse import urlsplit
-
     _, key = bootstrap(home)
     with serve_with(home, tunnel={"framesPerSecond": 5, "frameBurst": 5}) as srv:
-        where = urlsplit(srv.url)
-        with socket.create_connection((where.hostname, where.port), timeout=60) as sock:
-            sock.sendall(
-                f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-                f"Authorization: Bearer {key}\r\n\r\n".encode()
-            )
-            got = b""
-            while b"\r\n\r\n" not in got:
-                got += sock.recv(4096)
-            assert got.startswith(b"HTTP/1.1 101"), got[:100]
-            payload = b'{"type":"ping"}'
-            frame = bytes([0x81, 0x80 | len(payload)]) + b"\0\0\0\0" + payload
-            chunk = frame * 4096  # ~90 KiB of pings at a time, never a close frame
+        with raw_ws(srv, key) as (sock, _):
+            chunk = masked(b'{"type":"ping"}') * 4096  # ~90 KiB at a time, never a close frame
             sent, cut = 0, False
             while sent < 200 * 1024 * 1024:  # the old behaviour read on for 10 s: far more
                 try:

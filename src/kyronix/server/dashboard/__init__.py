@@ -48,7 +48,7 @@ def create_app(state: AppState) -> FastAPI:
     from starlette.staticfiles import StaticFiles
 
     from kyronix.server.dashboard import auth, pages
-    from kyronix.server.dashboard.web import HERE, error_page, session_settings
+    from kyronix.server.dashboard.web import HERE, error_page, failure_page, session_settings
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.state.kx = state
@@ -64,25 +64,7 @@ def create_app(state: AppState) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> Response:
-        import logging
-
-        from kyronix.server.errors import is_storage_failure
-
-        if is_storage_failure(exc):
-            logging.getLogger("kyronix.server").error(
-                "dashboard %s %s: the database cannot write (%s)", request.method,
-                request.url.path, type(exc).__name__,
-            )  # fmt: skip
-            said = "the server cannot write to its database right now (its disk is full or failing)"
-            return error_page(request, 503, "Unavailable", f"{said}; nothing was changed")
-        logging.getLogger("kyronix.server").error(
-            "unexpected %s on a dashboard page %s %s",
-            type(exc).__name__,
-            request.method,
-            request.url.path,
-            exc_info=exc,
-        )
-        return error_page(request, 500, "Something failed", "the server failed; a bug")
+        return failure_page(request, exc)
 
     from sqlalchemy.exc import OperationalError
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 import secrets
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -59,6 +60,7 @@ __all__ = [
     "current_user",
     "error_html",
     "error_page",
+    "failure_page",
     "form_data",
     "read",
     "render",
@@ -308,9 +310,8 @@ Handler = Callable[..., Any]
 
 def page(fn: Handler) -> Handler:
     """A dashboard route: a signed-out visitor is sent to sign in, a :class:`PageError` is its
-    page, and anything unexpected is a 500 page that names nothing of the code."""
+    page, and anything unexpected is :func:`failure_page`."""
     import functools
-    import logging
 
     @functools.wraps(fn)
     async def wrapped(request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -324,24 +325,27 @@ def page(fn: Handler) -> Handler:
         except HTTPException as exc:  # raised by Starlette itself (a body it cannot read)
             return error_page(request, exc.status_code, "Refused", str(exc.detail))
         except Exception as exc:
-            if is_storage_failure(exc):  # the disk, not a bug: one clear page, no traceback
-                logging.getLogger("kyronix.server").error(
-                    "dashboard %s %s: the database cannot write (%s)",
-                    request.method,
-                    request.url.path,
-                    type(exc).__name__,
-                )
-                said = "the server cannot write to its database right now (disk full or failing)"
-                return error_page(request, 503, "Unavailable", f"{said}; nothing was changed")
-            logging.getLogger("kyronix.server").error(
-                "unexpected %s on a dashboard page %s %s",
-                type(exc).__name__,
-                request.method,
-                request.url.path,
-                exc_info=exc,
-            )
-            return error_page(
-                request, 500, "Something failed", "the server failed on this page; this is a bug"
-            )
+            return failure_page(request, exc)
 
     return wrapped
+
+
+def failure_page(request: Request, exc: Exception) -> Response:
+    """The page for what a dashboard route raised unexpectedly: the storage failing is a 503
+    that says so (logged in one line, no traceback); anything else a 500 that names nothing of
+    the code (logged with its traceback: a bug)."""
+    log = logging.getLogger("kyronix.server")
+    if is_storage_failure(exc):
+        log.error(
+            "dashboard %s %s: the database cannot write (%s)",
+            request.method, request.url.path, type(exc).__name__,
+        )  # fmt: skip
+        said = "the server cannot write to its database right now (disk full or failing)"
+        return error_page(request, 503, "Unavailable", f"{said}; nothing was changed")
+    log.error(
+        "unexpected %s on a dashboard page %s %s",
+        type(exc).__name__, request.method, request.url.path, exc_info=exc,
+    )  # fmt: skip
+    return error_page(
+        request, 500, "Something failed", "the server failed on this page; this is a bug"
+    )
