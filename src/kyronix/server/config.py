@@ -16,7 +16,7 @@ State lives in ``$KYRONIX_HOME`` (default ``~/.kyronix``, created 0700):
      "scriptedDelayMs": 0, "kmlGrammar": false, "maxBody": 1048576,
      "authFailures": {"perMinute": 30, "burst": 20},
      "trustedProxies": ["10.0.0.5"],
-     "tunnel": {"maxFrameBytes": 4194304, "framesPerSecond": 200, "frameBurst": 400,
+     "tunnel": {"maxFrameBytes": 4194304, "framesPerSecond": 1000, "frameBurst": 2000,
                 "bytesPerSecond": 4194304, "byteBurst": 16777216,
                 "parseSecondsPerSecond": 0.1, "parseBurstSeconds": 1, ...}}
 
@@ -97,8 +97,8 @@ class TunnelLimits:
 
     max_frame: int = 4 * 1024 * 1024
     """The largest frame, in bytes (a larger one closes the connection: 1009)."""
-    frames_per_second: float = 200.0
-    frame_burst: int = 400
+    frames_per_second: float = 1000.0
+    frame_burst: int = 2000
     """A token bucket of frames per connection: past it, an ``error`` frame ``rate_limited``;
     as many frames again while limited, and the connection is closed (1008)."""
     bytes_per_second: int = 4 * 1024 * 1024
@@ -108,8 +108,8 @@ class TunnelLimits:
     parse_burst: float = 1.0
     """A token bucket of the server's time reading one connection's frames (seconds a second):
     the frames after one that overdrew it are dropped until it is above zero again."""
-    project_frames_per_second: float = 1000.0
-    project_frame_burst: int = 2000
+    project_frames_per_second: float = 5000.0
+    project_frame_burst: int = 10000
     project_bytes_per_second: int = 16 * 1024 * 1024
     project_byte_burst: int = 64 * 1024 * 1024
     project_parse_seconds_per_second: float = 0.25

@@ -210,7 +210,7 @@ async def _dispatch(relay: Relay, peer: Peer, text: str) -> bool:
     """Hand one frame to the relay; False when it was refused (it counts against the
     connection). Reading it is timed and spent from the connection's budget and its
     project's (``tunnel.parseSecondsPerSecond``)."""
-    started = time.perf_counter()
+    started = time.perf_counter()  # (thread_time() is a system call: 0.8 µs, not 0.06)
     frame = _read(peer, text)
     relay.spent(peer, time.perf_counter() - started)
     if isinstance(frame, tuple):
