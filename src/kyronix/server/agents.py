@@ -25,6 +25,7 @@ tool's index: unique, and the same every time the log is read) and serializes th
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ __all__ = [
     "check_plan",
     "custom_persona",
     "finalize",
+    "issued_by",
 ]
 
 AGENTS = ("coding", "research", "database", "sales")
@@ -287,14 +289,31 @@ def _is_object(value: str) -> bool:
         return False
 
 
-def execution_id(run_key: str, index: int) -> str:
-    return "exec_" + hashlib.sha256(f"{run_key}:{index}".encode()).hexdigest()[:32]
+def execution_id(run_key: str, index: int, key: bytes = b"") -> str:
+    """``exec_`` + 32 hex digits: 16 from the run and the tool's place in it (the same when the
+    run is answered again), and 16 that sign those with the server's ``key``, so the server tells
+    the ids of its own plans from any other without looking anything up (:func:`issued_by`)."""
+    body = hashlib.sha256(f"{run_key}:{index}".encode()).hexdigest()[:16]
+    return "exec_" + body + _signature(body, key)
 
 
-def finalize(plan: kml.Plan, run_key: str) -> tuple[str, list[str]]:
-    """The envelope the client gets (server-assigned execution ids, a status) and its ids."""
+def _signature(body: str, key: bytes) -> str:
+    return hmac.new(key, b"plan\x00" + body.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def issued_by(execution_id: str, key: bytes) -> bool:
+    """Whether a plan of the server holding ``key`` gave this id."""
+    if len(execution_id) != 37 or not execution_id.startswith("exec_"):
+        return False
+    body, signature = execution_id[5:21], execution_id[21:]
+    return hmac.compare_digest(signature, _signature(body, key))
+
+
+def finalize(plan: kml.Plan, run_key: str, key: bytes = b"") -> tuple[str, list[str]]:
+    """The envelope the client gets (server-assigned execution ids, signed with ``key``, and a
+    status) and its ids."""
     tools = tuple(
-        replace(call, execution_id=execution_id(run_key, i), assigned=False)
+        replace(call, execution_id=execution_id(run_key, i, key), assigned=False)
         for i, call in enumerate(plan.tools)
     )
     final = replace(plan, tools=tools, status=plan.status or "complete")

@@ -78,14 +78,15 @@ def create_app(
             db, f"srv_{secrets.token_hex(6)}", timeout=config.replica_timeout, notify=config.notify
         )
     pool = SessionPool(sessions, config.sessions_dir, cluster=cluster)
-    recorder = ResultsRecorder(db, pool, cluster=cluster)
+    id_key = hmac.new(secret, b"kyronix tunnel ids", hashlib.sha256).digest()
+    recorder = ResultsRecorder(db, pool, id_key=id_key, cluster=cluster)
     relay = Relay(
         on_results=recorder.record, cluster=cluster, limits=config.tunnel,
         revoked=lambda keys: db.read(lambda c: accounts.revoked_among(c, keys)),
     )  # fmt: skip
     runs = Runs(
         config, db, sessions, choose_model(config), relay=relay, pool=pool, recorder=recorder,
-        id_key=hmac.new(secret, b"kyronix tunnel ids", hashlib.sha256).digest(), cluster=cluster,
+        id_key=id_key, cluster=cluster,
     )  # fmt: skip
     background = Background("a background write")
     limiter = RateLimiter(config.rate_per_minute, config.rate_burst)

@@ -20,6 +20,7 @@ import pytest
 from kiso.kernel import SettingChanged
 from kiso.kernel.sql import SqlSessionStore
 from kyronix.server import accounts, billing, sessions
+from kyronix.server.agents import execution_id
 from kyronix.server.config import ServerConfig, ensure_home
 from kyronix.server.db import Database
 from kyronix.server.errors import ApiError
@@ -37,6 +38,8 @@ from kyronix.server.runs.settle import RunLost, Settlement
 from kyronix.server.sessions import RESULT_KEY, RESULTS_KEY
 
 from .helpers import config
+
+ID_KEY = b"the server's id key"
 
 
 @dataclass
@@ -58,10 +61,10 @@ def world(tmp_path: Path) -> Iterator[World]:
     migrate(db)
     store = SqlSessionStore(db.engine)
     pool = SessionPool(store, cfg.sessions_dir)
-    recorder = ResultsRecorder(db, pool)
+    recorder = ResultsRecorder(db, pool, id_key=ID_KEY)
     runs = Runs(
         cfg, db, store, choose_model(cfg), relay=Relay(on_results=recorder.record), pool=pool,
-        recorder=recorder, id_key=b"test", owner="srv_here",
+        recorder=recorder, id_key=ID_KEY, owner="srv_here",
     )  # fmt: skip
     project = db.write(lambda c: accounts.create_project(c, "demo", 100_000)).id
     yield World(cfg, db, store, pool, recorder, runs, project)
@@ -261,16 +264,19 @@ def test_results_go_to_the_session_that_issued_the_plan(w: World) -> None:
 
 def test_results_of_a_plan_issued_earlier_are_found_in_the_database(w: World) -> None:
     handle, _, _ = admit(w)
+    signed = execution_id("run_earlier", 0, ID_KEY)
     outcome = Outcome(
-        handle.id, handle.session_id, 200, response="x", execution_ids=("exec_2",), cost=500,
+        handle.id, handle.session_id, 200, response="x", execution_ids=(signed,), cost=500,
         issues_ids=True,
     )  # fmt: skip
     w.db.write(functools.partial(w.runs.settlement.settle_tx, outcome, w.project))
 
     async def record() -> None:
-        await w.recorder.record(w.project, "req_2", [_entry("exec_2", "found")])
-        await w.recorder.record("proj_other", "req_3", [_entry("exec_2", "not yours")])
+        await w.recorder.record(w.project, "req_2", [_entry(signed, "found")])
+        await w.recorder.record("proj_other", "req_3", [_entry(signed, "not yours")])
         await w.recorder.record(w.project, "req_4", [_entry("exec_unknown", "nobody's")])
+        forged = execution_id("run_earlier", 0, b"another server's key")
+        await w.recorder.record(w.project, "req_5", [_entry(forged, "not signed here")])
 
     asyncio.run(record())
     assert [v["requestId"] for v in _recorded(w, handle.session_id)] == ["req_2"]
@@ -280,27 +286,28 @@ def test_results_are_recorded_only_for_the_key_that_ran_the_plan(w: World) -> No
     """In memory and from the database alike: another key's answer to the same tool ids goes
     nowhere; the key that ran the plan records."""
     handle, _, _ = admit(w)
+    in_db = execution_id("run_db", 0, ID_KEY)
     outcome = Outcome(
-        handle.id, handle.session_id, 200, response="x", execution_ids=("exec_db",), cost=500,
+        handle.id, handle.session_id, 200, response="x", execution_ids=(in_db,), cost=500,
         issues_ids=True, key_id="key_runner",
     )  # fmt: skip
     w.db.write(functools.partial(w.runs.settlement.settle_tx, outcome, w.project))
     w.recorder.remember(w.project, handle.session_id, ["exec_mem"], "key_runner")
 
     async def record() -> None:
-        for eid in ("exec_mem", "exec_db"):
+        for eid in ("exec_mem", in_db):
             await w.recorder.record(
                 w.project, f"req_other_{eid}", [_entry(eid, "forged")], key_id="key_other"
             )
             await w.recorder.record(w.project, f"req_{eid}", [_entry(eid, "true")], key_id=None)
-        for eid in ("exec_mem", "exec_db"):
+        for eid in ("exec_mem", in_db):
             await w.recorder.record(
                 w.project, f"req_runner_{eid}", [_entry(eid, "true")], key_id="key_runner"
             )
 
     asyncio.run(record())
     assert [v["requestId"] for v in _recorded(w, handle.session_id)] == [
-        "req_runner_exec_mem", "req_runner_exec_db",
+        "req_runner_exec_mem", f"req_runner_{in_db}",
     ]  # fmt: skip
 
 
@@ -402,3 +409,18 @@ def test_a_run_whose_custom_agent_was_deleted_is_interrupted_not_a_failed_start(
     asyncio.run(w.runs.recovery.resume(resumable))  # no exception: the start goes on
     assert row_of(w, handle.id).status == "interrupted"
     assert w.db.read(lambda c: billing.held(c, w.project)) == 0
+
+
+def test_a_plans_tool_ids_are_signed_by_the_server_that_gave_them() -> None:
+    """The server tells its own plans' ids from any other without a look-up: the same run
+    gives the same ids again, and no other key's (nor a hand-made id) passes for them."""
+    from kyronix.server.agents import issued_by
+
+    ids = [execution_id("run_1", n, ID_KEY) for n in range(3)]
+    assert ids == [execution_id("run_1", n, ID_KEY) for n in range(3)]  # answered again: same
+    assert len(set(ids)) == 3 and all(len(i) == 37 and i.startswith("exec_") for i in ids)
+    assert all(issued_by(i, ID_KEY) for i in ids)
+    assert not any(issued_by(i, b"another server") for i in ids)
+    assert not issued_by("exec_" + "0" * 32, ID_KEY) and not issued_by("exec_1", ID_KEY)
+    tampered = ids[0][:6] + ("1" if ids[0][6] == "0" else "0") + ids[0][7:]
+    assert not issued_by(tampered, ID_KEY)

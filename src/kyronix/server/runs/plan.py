@@ -44,12 +44,15 @@ class PlanMode:
         store: object,
         workspace: Path,
         settlement: Settlement,
+        id_key: bytes = b"",
     ) -> None:
         self.config = config
         self.models = models
         self.store = store
         self.workspace = workspace
         self.settlement = settlement
+        self.id_key = id_key
+        """What signs the plans' tool ids (:func:`~kyronix.server.agents.issued_by`)."""
         self._rules = RulesFile(config.home / "rules.json")  # never written: no tool runs here
         self._agents: dict[str, Agent] = {}
 
@@ -108,7 +111,7 @@ class PlanCourse:
             return
         if not text or self.problems:
             return
-        response, ids = finalize(plan, turn.run)
+        response, ids = finalize(plan, turn.run, self.mode.id_key)
         handle = self.handle
         outcome = Outcome(
             handle.id, handle.session_id, 200, response=response, execution_ids=tuple(ids),

@@ -5,7 +5,9 @@ when their ``kml_result`` comes back over the tunnel, its entries go into that s
 (``setting_changed`` ``kyronix.results``), so the session's next input tells the model what
 actually happened. Which session issued an id is remembered in memory for the ids this process
 issued, and in ``kx_executions`` for every id (a plan of an earlier process, or of another
-replica).
+replica). The ids are signed with the server's key (:func:`~kyronix.server.agents.issued_by`):
+a result whose ids no plan of this server gave (a client's own KML) is told apart without a
+look-up, and is on its way to its client at once.
 
 Recording is best effort: the executer's receipts keep the truth either way.
 """
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kiso.kernel import SessionLockedError
+from kyronix.server.agents import issued_by
 from kyronix.server.db import Database
 from kyronix.server.runs import records
 from kyronix.server.runs.pool import SessionPool
@@ -80,9 +83,18 @@ def _same_key(issuer: str | None, asker: str | None) -> bool:
 
 
 class ResultsRecorder:
-    def __init__(self, db: Database, pool: SessionPool, *, cluster: Cluster | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        pool: SessionPool,
+        *,
+        id_key: bytes = b"",
+        cluster: Cluster | None = None,
+    ) -> None:
         self.db = db
         self.pool = pool
+        self.id_key = id_key
+        """What signs the plans' tool ids: an id it did not sign is no plan's (no look-up)."""
         self.cluster = cluster
         self._issued: OrderedDict[str, tuple[str, str, str | None]] = OrderedDict()
         """Plan tool ids this process issued -> (project, session, the API key that ran the
@@ -119,9 +131,9 @@ class ResultsRecorder:
         tool id, once, and only when that session's plan was run with the same key (an entry
         whose id no session of the project issued, issued to another key, or recorded already,
         goes nowhere; with ``session_id``, the session the client named, only its own entries
-        go anywhere); ids this process did not issue are looked up in ``kx_executions`` (one
-        indexed query). Recorded before the runtime client gets the result: a client that reads
-        the session then finds it."""
+        go anywhere); ids this server signed that this process did not issue are looked up in
+        ``kx_executions`` (one indexed query). Recorded before the runtime client gets the
+        result: a client that reads the session then finds it."""
         known: dict[str, list[Any]] = {}
         unknown: list[tuple[str, Any]] = []
         for entry in results:
@@ -130,7 +142,8 @@ class ResultsRecorder:
                 continue
             issued = self._issued.get(eid)
             if issued is None:
-                unknown.append((eid, entry))
+                if issued_by(eid, self.id_key):  # a plan of this server's: where, and whose?
+                    unknown.append((eid, entry))
             elif issued[0] == project_id and _same_key(issued[2], key_id):
                 known.setdefault(issued[1], []).append(entry)
         if unknown:

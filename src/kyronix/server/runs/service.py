@@ -87,7 +87,7 @@ class Runs:
             recorder=recorder,
             live=self.live,
             follower=self.follower,
-            plan=PlanMode(config, models, settlement=self.settlement, **modes),
+            plan=PlanMode(config, models, settlement=self.settlement, id_key=id_key, **modes),
             tunnel=TunnelMode(config, models, relay=relay, id_key=id_key, **modes),
         )
         hold = config.minimum_charge if models.scripted else config.hold
