@@ -71,6 +71,14 @@ def cli() -> None:
     ),
 )
 @click.option(
+    "--sandbox",
+    "sandbox",
+    type=click.Choice(["workspace-write", "read-only", "off"]),
+    default="workspace-write",
+    show_default=True,
+    help="The OS sandbox terminal commands run in (bubblewrap; docs/sandbox.md).",
+)
+@click.option(
     "--uncertain",
     is_flag=True,
     help=(
@@ -97,6 +105,7 @@ def exec_command(
     go_on: bool,
     receipts: str | None,
     pass_env: tuple[str, ...],
+    sandbox: str,
     uncertain: bool,
     resolutions: tuple[str, ...],
 ) -> None:
@@ -136,7 +145,11 @@ def exec_command(
     permissions = PermissionManager((*policies, *(allow(a) for a in allowed)))
     try:
         executer = KyronixExecuter(
-            permissions=permissions, receipts=receipts, continue_on_denial=go_on, pass_env=pass_env
+            permissions=permissions,
+            receipts=receipts,
+            continue_on_denial=go_on,
+            pass_env=pass_env,
+            sandbox=sandbox,
         )
     except KyronixError as exc:
         raise click.ClickException(str(exc)) from None
@@ -322,6 +335,14 @@ _BASE = click.option(
     metavar="NAME",
     help="Pass this environment variable to the terminal though it looks like a credential.",
 )
+@click.option(
+    "--sandbox",
+    "sandbox",
+    type=click.Choice(["workspace-write", "read-only", "off"]),
+    default="workspace-write",
+    show_default=True,
+    help="The OS sandbox terminal commands run in (bubblewrap; docs/sandbox.md).",
+)
 @click.pass_context
 def executer_group(
     ctx: click.Context,
@@ -334,6 +355,7 @@ def executer_group(
     executer_id: str,
     receipts: str | None,
     pass_env: tuple[str, ...],
+    sandbox: str,
 ) -> None:
     """Serve the server's WebSocket tunnel: run the KML requests it relays in --base, under the
     policies (SAFE unless --root / --allow), with receipts so nothing runs twice. Reconnects by
@@ -375,17 +397,33 @@ def executer_group(
             receipts=receipts,
             pass_env=pass_env,
             on_tunnel_event=say,
+            sandbox=sandbox,
         )
     except KyronixUsageError as exc:
         raise click.UsageError(str(exc)) from None
     except KyronixError as exc:
         raise click.ClickException(str(exc)) from None
+    _say_sandbox(sandbox)
     try:
         _serve_daemon(executer)
     except KyronixError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         executer.close()
+
+
+def _say_sandbox(mode: str) -> None:
+    """One line on stderr when terminal commands will not be contained as expected."""
+    from kiso.tools.sandbox import probe
+
+    if mode == "off":
+        click.echo(
+            "kyronix: --sandbox off: terminal commands run with this user's access", err=True
+        )
+    elif (why := probe()) is not None:
+        click.echo(
+            f"kyronix: terminal commands will fail: {why} (or start with --sandbox off)", err=True
+        )
 
 
 def _serve_daemon(executer: KyronixExecuter) -> None:

@@ -38,6 +38,8 @@ class _KisoGroup(click.Group):
 F = TypeVar("F", bound=Callable[..., object])
 OUTPUT_FORMATS = click.Choice(["text", "json", "stream-json"])
 RESOLUTIONS = click.Choice(["rerun", "skip", "applied"])
+SANDBOXES = click.Choice(["workspace-write", "read-only", "off"])
+SANDBOX_HELP = "The OS sandbox for commands (default workspace-write; docs/sandbox.md)."
 PROMPT_FILE = click.Path(exists=True, dir_okay=False, readable=True, resolve_path=True)
 STDIN_WAIT = 3.0
 """Seconds ``kiso -p PROMPT`` waits for the first byte of a piped stdin before it runs without
@@ -76,6 +78,7 @@ CONTINUE_HELP = "Continue the most recent session of this directory."
 )
 @click.option("--append-system-prompt", metavar="TEXT", default=None, help=APPEND_HELP)
 @click.option("--system-prompt-file", type=PROMPT_FILE, default=None, help=SYSTEM_FILE_HELP)
+@click.option("--sandbox", type=SANDBOXES, default=None, help=SANDBOX_HELP)
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -88,6 +91,7 @@ def cli(
     resolve: str | None,
     append_system_prompt: str | None,
     system_prompt_file: str | None,
+    sandbox: str | None,
 ) -> None:
     """kiso: a durable coding agent. Every approval, tool result and event is on disk before it
     is acted on, so a session that is interrupted, crashes or is killed resumes where it was.
@@ -116,6 +120,7 @@ def cli(
         "resolve": resolve,
         "append_system_prompt": append_system_prompt,
         "system_prompt_file": system_prompt_file,
+        "sandbox": sandbox,
     }
     if ctx.invoked_subcommand is None:
         ctx.invoke(chat, session_id=None)
@@ -145,6 +150,9 @@ def _run_options(f: F) -> F:
                 default=None,
                 help=SYSTEM_FILE_HELP,
             ),
+            click.option(
+                "--sandbox", "sandbox_here", type=SANDBOXES, default=None, help=SANDBOX_HELP
+            ),
         )
     ):
         f = option(f)
@@ -166,7 +174,8 @@ class _Run:
         if append is None:
             append = _str(opts.get("append_system_prompt"))
         system_file = here.get("system_file") or _str(opts.get("system_prompt_file"))
-        self.options = _options(append, system_file)
+        sandbox = here.get("sandbox") or _str(opts.get("sandbox"))
+        self.options = _options(append, system_file, sandbox)
 
     def headless(
         self,
@@ -226,12 +235,12 @@ class _Run:
         return 1
 
 
-def _options(append: str | None, system_file: str | None) -> RunOptions | None:
-    if append is None and system_file is None:
+def _options(append: str | None, system_file: str | None, sandbox: str | None) -> RunOptions | None:
+    if append is None and system_file is None and sandbox is None:
         return None
     from kiso.cli.setup import RunOptions
 
-    return RunOptions(append_system_prompt=append, system_prompt_file=system_file)
+    return RunOptions(append_system_prompt=append, system_prompt_file=system_file, sandbox=sandbox)
 
 
 @cli.command()
@@ -260,6 +269,7 @@ def chat(
     resolve_here: str | None = None,
     append_here: str | None = None,
     system_file_here: str | None = None,
+    sandbox_here: str | None = None,
 ) -> None:
     """The interactive session (or print mode with -p). SESSION_ID may be the first prompt
     instead, when it is several words."""
@@ -273,6 +283,7 @@ def chat(
             "resolve": resolve_here,
             "append": append_here,
             "system_file": system_file_here,
+            "sandbox": sandbox_here,
         },
     )
     latest = continue_here or run.resume_latest
@@ -327,6 +338,7 @@ def resume(
     resolve_here: str | None,
     append_here: str | None,
     system_file_here: str | None,
+    sandbox_here: str | None,
 ) -> None:
     """Continue a session: with no id, pick one; headless when stdin is not a terminal. A
     PROMPT of - reads the prompt from stdin, as -p - does."""
@@ -339,6 +351,7 @@ def resume(
             "resolve": resolve_here,
             "append": append_here,
             "system_file": system_file_here,
+            "sandbox": sandbox_here,
         },
     )
     _check_usage(session_id, run.mode)

@@ -195,7 +195,9 @@ def approval_panel(call: ToolCall, offer: Offer) -> Panel:
     """The question for ``call``, offering what the runtime decided (``offer``)."""
     inp: dict[str, Any] = dict(call.input)
     path = inp.get("path") if isinstance(inp.get("path"), str) else None
-    if call.name == "shell":
+    if call.name == "shell" and inp.get("outside_sandbox") is True:
+        question = "Run this command OUTSIDE the sandbox, with your full access?"
+    elif call.name == "shell":
         question = "Run this command?"
     elif call.name == "edit_file" and path:
         question = f"Apply this edit to {path}?"
@@ -251,6 +253,10 @@ def call_view(
         parts.append(Padding(Text(inp["command"], overflow="fold"), (0, 0, 0, 2)))
         if "timeout_ms" in inp:
             parts.append(Text(f"  timeout {inp['timeout_ms']} ms"))
+        if inp.get("outside_sandbox") is True:
+            why = inp.get("justification")
+            said = f": {why}" if isinstance(why, str) and why.strip() else " (no reason given)"
+            parts.append(Text(f"⚠ outside the sandbox{said}", style=WARNING))
     elif call.name in ("edit_file", "write_file") and isinstance(inp.get("path"), str):
         parts.append(Padding(diff_view(call.name, inp, workspace), (0, 0, 0, 2)))
     else:

@@ -94,7 +94,16 @@ from .render import (
     warning_text,
     write,
 )
-from .status import Meter, Streamed, meter, money, spend, status_row, working_row
+from .status import (
+    Meter,
+    Streamed,
+    meter,
+    money,
+    sandbox_line,
+    spend,
+    status_row,
+    working_row,
+)
 from .theme import UNKNOWN, Palette, choose_theme, query_background
 
 if TYPE_CHECKING:
@@ -979,6 +988,7 @@ class Repl:
             f"workspace  {self.setup.workspace}",
             f"model      {self.setup.resolved.describe()}{effort}",
             f"mode       {self.mode}{'' if self.setup.agent.floor else ' · floor off'}",
+            f"sandbox    {sandbox_line(self.setup.agent.sandbox, self.setup.config.sandbox)}",
             f"context    {ctx} of {self.window():,} tokens",
             f"system     the system prompt is {prompt}",
             f"cost       {spent}",

@@ -37,6 +37,7 @@ from kiso.runtime.subagents import delegate_tool
 from kiso.runtime.trust import AskTrust, gate
 from kiso.tools import builtin_tools
 from kiso.tools.ask_user import Asker, interactive_tools
+from kiso.tools.sandbox import Sandbox
 from kiso.tools.tasks import update_tasks_tool
 
 __all__ = ["RunOptions", "Setup", "close_setup", "open_session", "prepare"]
@@ -50,6 +51,8 @@ class RunOptions:
     """``--append-system-prompt TEXT``: added after the built-in system prompt."""
     system_prompt_file: str | None = None
     """``--system-prompt-file FILE``: its text replaces the built-in system prompt."""
+    sandbox: str | None = None
+    """``--sandbox MODE``: the OS sandbox for commands (docs/sandbox.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +111,14 @@ def prepare(
         mode=mode,
         project=trust.applied,
         project_files=trust.project_files,
+        sandbox=(options or RunOptions()).sandbox,
     )
     notices = list(trust.notices)
+    sandbox = Sandbox.for_workspace(config.sandbox, ws)
+    if sandbox is not None and not sandbox.available:
+        notices.append(f"sandbox unavailable: {sandbox.reason}; commands run unsandboxed")
+    elif sandbox is None and config.sandbox.source != "default":
+        notices.append(f"sandbox off ({config.sandbox.source}): commands run with your full access")
     project_config = str(ws / ".kiso" / "config.json")
     if config.mode == "bypass" and config.mode_source == project_config:
         notices.append(
@@ -132,7 +141,9 @@ def prepare(
         tools += interactive_tools(asker)
     mcp = None
     if load_configs(home, ws, trust.project_files):  # no mcp.json: no thread, no child
-        mcp, mcp_tools, mcp_notices = load_mcp(home, ws, trust.project_files, resolved.strip_env)
+        mcp, mcp_tools, mcp_notices = load_mcp(
+            home, ws, trust.project_files, resolved.strip_env, sandbox=config.sandbox
+        )
         tools += mcp_tools
         servers = ", ".join(f"{x.name} ({x.state.value})" for x in mcp.status())
         notices += [f"mcp: {servers} · {len(mcp_tools)} tools", *mcp_notices]
@@ -167,6 +178,7 @@ def prepare(
             trigger="subagent" if role is not None else "user",
             window=context_window(resolved, home),
             auto_compact=config.auto_compact,
+            sandbox=sandbox,
         )
     except BaseException:
         if mcp is not None:

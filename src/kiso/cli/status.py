@@ -16,6 +16,7 @@ from kiso.kernel import (
 )
 from kiso.providers.registry import cost, lookup
 from kiso.runtime.prompt import estimate_tokens
+from kiso.tools.sandbox import Sandbox, SandboxPolicy
 
 from .render import shorten_end, shorten_middle
 
@@ -24,10 +25,22 @@ __all__ = [
     "Streamed",
     "meter",
     "money",
+    "sandbox_line",
     "spend",
     "status_row",
     "working_row",
 ]
+
+
+def sandbox_line(sandbox: Sandbox | None, policy: SandboxPolicy) -> str:
+    """``/status``'s sandbox row: what contains commands, and who chose it."""
+    source = {"default": "the default", "flag": "--sandbox", "environment": "KISO_SANDBOX"}
+    where = source.get(policy.source, policy.source)
+    if sandbox is None:
+        return f"off: commands run with your full access (from {where})"
+    extra = f", also writable: {', '.join(policy.writable_roots)}" if policy.writable_roots else ""
+    return f"{sandbox.describe()}{extra} (from {where})"
+
 
 # --------------------------------------------------------------------------------------------
 # the status row

@@ -31,6 +31,7 @@ from kiso.mcp.tools import make_tool, mcp_tool_name, mcp_tools
 from kiso.runtime.trust import PROJECT_DIR, Snapshot
 from kiso.tools.base import Tool
 from kiso.tools.env import child_env
+from kiso.tools.sandbox import SandboxPolicy
 
 __all__ = [
     "CACHE_FILE",
@@ -80,7 +81,7 @@ def load_configs(
     project: dict[str, ServerConfig] = {}
     if files is not None and MCP_FILE in files:
         source = str(Path(workspace) / PROJECT_DIR / MCP_FILE)
-        project = parse_config(files[MCP_FILE], source)
+        project = parse_config(files[MCP_FILE], source, project=True)
     return merge_layers(user, project)
 
 
@@ -92,6 +93,7 @@ def load_mcp(
     *,
     environ: Mapping[str, str] | None = None,
     first_connect_wait: float = FIRST_CONNECT_WAIT,
+    sandbox: SandboxPolicy | None = None,
 ) -> tuple[McpManager, list[Tool], list[str]]:
     """Read the configs, start every server in the background and return the manager, the
     tools to register and the notices to show (one banner line when a server failed).
@@ -99,10 +101,11 @@ def load_mcp(
     Servers with a cached tool list register those tools at once; those without one (a first
     start, or a changed config) are waited for, up to ``first_connect_wait`` seconds. Raises
     :class:`McpConfigError` for a bad ``mcp.json`` (the message names the file and key).
+    ``sandbox``: the session's OS sandbox, which stdio servers run in (docs/sandbox.md).
     """
     servers = load_configs(home, workspace, project_files)
     env = child_env(os.environ if environ is None else environ, also_strip=strip_env)
-    manager = McpManager(servers, env=env, home=Path(home), cwd=Path(workspace))
+    manager = McpManager(servers, env=env, home=Path(home), cwd=Path(workspace), sandbox=sandbox)
     manager.start()
     uncached = [n for n, cfg in servers.items() if not cfg.disabled and not manager.has_cache(n)]
     if uncached:

@@ -23,7 +23,7 @@ import json
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,6 +32,7 @@ from kiso.kernel.layout import make_private_dirs
 from kiso.mcp.cache import McpToolInfo, ToolCache
 from kiso.mcp.config import ServerConfig
 from kiso.tools.base import AbortSignal, ToolResult
+from kiso.tools.sandbox import Sandbox, SandboxPolicy
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "McpManager", "ServerState", "ServerStatus"]
 
@@ -89,8 +90,11 @@ class McpManager:
         home: Path,
         cwd: Path | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        sandbox: SandboxPolicy | None = None,
     ) -> None:
         self.env = dict(env)
+        self.sandbox = sandbox
+        """The session's sandbox: every stdio server runs in it, as its config allows."""
         self.home = Path(home)
         self.cwd = cwd
         self.connect_timeout = connect_timeout
@@ -205,6 +209,24 @@ class McpManager:
 
     # ------------------------------------------------------------------------ connections
 
+    def _argv(self, cfg: ServerConfig) -> list[str]:
+        """The server's command line: in the sandbox (``bwrap ... -- command args``) unless it
+        is off, the server's own config says ``"sandbox": false``, or bubblewrap is missing."""
+        argv = [cfg.command or "", *cfg.args]
+        policy = self.sandbox
+        if policy is None or not policy.on or not cfg.sandbox:
+            return argv
+        policy = replace(
+            policy,
+            network=policy.network or cfg.network,
+            writable_roots=policy.writable_roots + cfg.writable_roots,
+        )
+        cwd = self.cwd or Path.cwd()
+        sandbox = Sandbox.for_workspace(policy, cwd)
+        if sandbox is None or not sandbox.available:
+            return argv
+        return sandbox.wrap(argv, cwd)
+
     async def _serve(self, server: _Server) -> None:
         import anyio
 
@@ -218,9 +240,10 @@ class McpManager:
                     from mcp.client.stdio import StdioServerParameters, stdio_client
 
                     errlog = self._errlog(cfg.name)
+                    argv = self._argv(cfg)
                     params = StdioServerParameters(
-                        command=cfg.command or "",
-                        args=list(cfg.args),
+                        command=argv[0],
+                        args=argv[1:],
                         env={**self.env, **cfg.env},
                         cwd=self.cwd,
                     )

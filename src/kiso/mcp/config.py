@@ -39,7 +39,7 @@ DEFAULT_TIMEOUT = 60.0
 """Seconds one tool call may take unless the server's ``timeout`` says otherwise."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*$")
-_STDIO_KEYS = frozenset({"command", "args", "env", "disabled", "timeout"})
+_STDIO_KEYS = frozenset({"command", "args", "env", "disabled", "timeout", "sandbox"})
 _HTTP_KEYS = frozenset({"url", "headers", "disabled", "timeout"})
 
 Transport = Literal["stdio", "http"]
@@ -64,6 +64,13 @@ class ServerConfig:
     headers: Mapping[str, str] = field(default_factory=dict)
     disabled: bool = False
     timeout: float = DEFAULT_TIMEOUT
+    sandbox: bool = True
+    """A stdio server runs in the session's OS sandbox unless your own ``mcp.json`` says
+    ``"sandbox": false`` (docs/sandbox.md)."""
+    network: bool = False
+    """``"sandbox": {"network": true}``: this server may reach the network from its sandbox."""
+    writable_roots: tuple[str, ...] = ()
+    """``"sandbox": {"writableRoots": [...]}``: directories it may write besides the workspace."""
 
     @property
     def transport(self) -> Transport:
@@ -84,8 +91,11 @@ class ServerConfig:
         return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def parse_config(data: bytes | str, source: str) -> dict[str, ServerConfig]:
-    """The servers ``data`` (the bytes of the file ``source``) declares, in file order."""
+def parse_config(
+    data: bytes | str, source: str, *, project: bool = False
+) -> dict[str, ServerConfig]:
+    """The servers ``data`` (the bytes of the file ``source``) declares, in file order.
+    ``project``: the file is a project's, which may not loosen a server's sandbox."""
     try:
         raw = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -109,7 +119,7 @@ def parse_config(data: bytes | str, source: str) -> dict[str, ServerConfig]:
             f'{source}: "mcpServers" must be an object of server name to settings, not '
             f"{_kind(servers)}"
         )
-    return {name: _server(name, spec, source) for name, spec in servers.items()}
+    return {name: _server(name, spec, source, project) for name, spec in servers.items()}
 
 
 def merge_layers(
@@ -126,7 +136,7 @@ def merge_layers(
     return {**user, **project}
 
 
-def _server(name: str, spec: Any, source: str) -> ServerConfig:
+def _server(name: str, spec: Any, source: str, project: bool = False) -> ServerConfig:
     where = f'{source}: mcpServers."{name}"'
     if not isinstance(name, str) or not _NAME.match(name):
         raise McpConfigError(
@@ -163,6 +173,7 @@ def _server(name: str, spec: Any, source: str) -> ServerConfig:
         args = spec.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise McpConfigError(f"{where}.args must be a list of strings")
+        on, network, roots = _sandbox(spec.get("sandbox", True), f"{where}.sandbox", project)
         return ServerConfig(
             name,
             source,
@@ -171,6 +182,9 @@ def _server(name: str, spec: Any, source: str) -> ServerConfig:
             env=_strings(spec.get("env", {}), f"{where}.env"),
             disabled=disabled,
             timeout=float(timeout),
+            sandbox=on,
+            network=network,
+            writable_roots=roots,
         )
     url = spec["url"]
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -183,6 +197,38 @@ def _server(name: str, spec: Any, source: str) -> ServerConfig:
         disabled=disabled,
         timeout=float(timeout),
     )
+
+
+def _sandbox(value: Any, where: str, project: bool) -> tuple[bool, bool, tuple[str, ...]]:
+    """``true`` (the default), ``false``, or ``{"network": bool, "writableRoots": [...]}``."""
+    if value is True:
+        return True, False, ()
+    if project:
+        raise McpConfigError(
+            f"{where}: a project's mcp.json may not loosen a server's sandbox; remove the key "
+            f"(your own $KISO_HOME/mcp.json may)"
+        )
+    if value is False:
+        return False, False, ()
+    if not isinstance(value, dict):
+        raise McpConfigError(
+            f'{where} must be true, false or an object such as {{"network": true, '
+            f'"writableRoots": ["~/.cache"]}}, not {_kind(value)}'
+        )
+    unknown = sorted(set(value) - {"network", "writableRoots"})
+    if unknown:
+        raise McpConfigError(f"{where}.{unknown[0]}: unknown key; allowed: network, writableRoots")
+    network = value.get("network", False)
+    if not isinstance(network, bool):
+        raise McpConfigError(f"{where}.network must be true or false, not {_kind(network)}")
+    roots = value.get("writableRoots", [])
+    if not isinstance(roots, list) or not all(
+        isinstance(r, str) and r.startswith(("/", "~/")) for r in roots
+    ):
+        raise McpConfigError(
+            f"{where}.writableRoots must be a list of absolute directory paths (or ~/...)"
+        )
+    return True, network, tuple(roots)
 
 
 def _strings(value: Any, where: str) -> dict[str, str]:

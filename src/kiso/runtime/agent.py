@@ -30,12 +30,20 @@ from kiso.kernel import (
 )
 from kiso.kernel.events import Trigger
 from kiso.providers.base import Adapter, ToolSpec
-from kiso.runtime.approvals import FloorHook, ModeHook, RulesHook, as_hooks, check_mode
+from kiso.runtime.approvals import (
+    FloorHook,
+    ModeHook,
+    RulesHook,
+    SandboxHook,
+    as_hooks,
+    check_mode,
+)
 from kiso.runtime.context import Window
 from kiso.runtime.hooks import Hook, HookChain, Policy
 from kiso.runtime.rules import RULES_FILE, RulesFile
 from kiso.runtime.session import Session
 from kiso.tools.base import Tool
+from kiso.tools.sandbox import Sandbox, SandboxPolicy
 
 if TYPE_CHECKING:
     from kiso.runtime.offers import Offer
@@ -68,6 +76,7 @@ class Agent:
         trigger: Trigger = "user",
         window: Window | int | None = None,
         auto_compact: bool = True,
+        sandbox: SandboxPolicy | Sandbox | None = None,
     ) -> None:
         self.adapter: Adapter = adapter if adapter is not None else _default_adapter(model)
         names = [t.name for t in tools]
@@ -96,7 +105,14 @@ class Agent:
             )
         self.floor = floor
         self.hooks = HookChain(
-            [FloorHook(floor), ModeHook(), RulesHook(self.rules), *as_hooks(policies), *hooks]
+            [
+                FloorHook(floor),
+                ModeHook(),
+                RulesHook(self.rules),
+                SandboxHook(lambda: self.sandbox),
+                *as_hooks(policies),
+                *hooks,
+            ]
         )
         """Every hook point's hooks: the floor, the mode and the rules first, then the agent's."""
         self._specs = [ToolSpec(t.name, t.description, t.parameters) for t in tools]
@@ -108,6 +124,11 @@ class Agent:
         else:
             self.window = Window(self.adapter.model, explicit=window, explicit_source="agent")
         """The model's context window: explicit, the registry's, or learned from a refusal."""
+        if isinstance(sandbox, SandboxPolicy):
+            sandbox = Sandbox.for_workspace(sandbox, self.workspace)
+        self.sandbox: Sandbox | None = sandbox
+        """The OS sandbox ``shell`` runs commands in (docs/sandbox.md); None: none. A call with
+        ``outside_sandbox`` is always put to a person (:class:`SandboxHook`)."""
         self.auto_compact = auto_compact
         """Whether context relief compacts on its own (docs/context.md); ``/compact`` always can."""
         self._validators: dict[str, Draft202012Validator] = {}

@@ -26,13 +26,14 @@ bypass           everything allowed (the floor still denies)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from kiso.kernel import UsageError
 from kiso.runtime.hooks import CallContext, Hook, Policy, PolicyHook, Verdict
 from kiso.runtime.rules import PROTECTED_DIRS, RulesFile
 from kiso.tools.base import Effects
+from kiso.tools.sandbox import Sandbox
 
 __all__ = [
     "MODES",
@@ -41,6 +42,7 @@ __all__ = [
     "ModeHook",
     "Policy",
     "RulesHook",
+    "SandboxHook",
     "Verdict",
     "allowing_modes",
     "as_hooks",
@@ -126,6 +128,32 @@ class RulesHook(Hook):
             return None
         return Verdict(
             "allow", f"rule:{rule.text}", f"allowed by the rule '{rule.text}'", rule.text
+        )
+
+
+class SandboxHook(Hook):
+    """A ``shell`` call asking to run ``outside_sandbox`` is put to a person, whatever the mode
+    or a rule says (it only tightens); with nobody to ask (headless, ``dontAsk``) it is denied.
+    Without a working sandbox the flag changes nothing, so it abstains."""
+
+    name = "sandbox"
+    constrain_only = True
+
+    def __init__(self, sandbox: Callable[[], Sandbox | None]) -> None:
+        self.sandbox = sandbox
+
+    def before_tool(self, ctx: CallContext) -> Verdict | None:
+        sandbox = self.sandbox()
+        if sandbox is None or not sandbox.available or _effects(ctx) is not Effects.SHELL:
+            return None
+        if ctx.call.input.get("outside_sandbox") is not True:
+            return None
+        why = ctx.call.input.get("justification")
+        said = f": {why.strip()}" if isinstance(why, str) and why.strip() else ""
+        return Verdict(
+            "ask",
+            "sandbox",
+            f"runs OUTSIDE the {sandbox.mode} sandbox, with your full access{said}",
         )
 
 

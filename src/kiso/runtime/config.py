@@ -31,13 +31,15 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from kiso.kernel import UsageError
 from kiso.runtime.approvals import MODES
+from kiso.tools.sandbox import MODES as SANDBOX_MODES
+from kiso.tools.sandbox import SandboxPolicy, stricter
 
 __all__ = [
     "KINDS",
@@ -76,6 +78,7 @@ _TOP_KEYS = {
     "subagents",
     "autoCompact",
     "updateCheck",
+    "sandbox",
 }
 _USER_ONLY = {
     "floor": "the catastrophe floor",
@@ -144,6 +147,9 @@ class Config:
     """The config files that were read, lowest precedence first."""
     mode_source: str = "default"
     """Where ``mode`` came from: "flag", "environment", a config file's path or "default"."""
+    sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
+    """The OS sandbox for commands (docs/sandbox.md): ``"sandbox"`` in the user config,
+    ``KISO_SANDBOX``, ``--sandbox``; a project config may only make it stricter."""
 
 
 def _read(path: Path, raw: bytes | None = None) -> dict[str, Any] | None:
@@ -266,11 +272,65 @@ def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, 
         if not isinstance(data["autoCompact"], bool):
             raise ConfigError(f"{path}: autoCompact: must be true or false")
         out["auto_compact"] = data["autoCompact"]
+    if "sandbox" in data:
+        out["sandbox"] = _sandbox(path, data["sandbox"], project=project)
     if "updateCheck" in data:
         if not isinstance(data["updateCheck"], bool):
             raise ConfigError(f"{path}: updateCheck: must be true or false")
         out["update_check"] = data["updateCheck"]
     return out
+
+
+_SANDBOX_KEYS = ("mode", "network", "writableRoots")
+
+
+def _sandbox(path: Path, raw: Any, *, project: bool) -> SandboxPolicy:
+    """``"sandbox": "read-only"`` or ``{"mode": ..., "network": bool, "writableRoots": [...]}``.
+    A project may only tighten: no ``off``, no network, no extra writable directories."""
+    if isinstance(raw, str):
+        raw = {"mode": raw}
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{path}: sandbox: must be a mode ({', '.join(SANDBOX_MODES)}) or an object such as "
+            f'{{"mode": "workspace-write", "network": false}}'
+        )
+    unknown = sorted(set(raw) - set(_SANDBOX_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{path}: sandbox.{unknown[0]}: unknown key; known keys: {', '.join(_SANDBOX_KEYS)}"
+        )
+    mode = raw.get("mode", "workspace-write")
+    if mode not in SANDBOX_MODES:
+        raise ConfigError(
+            f"{path}: sandbox.mode: must be one of {', '.join(SANDBOX_MODES)}, got {mode!r}"
+        )
+    network = raw.get("network", False)
+    if not isinstance(network, bool):
+        raise ConfigError(f"{path}: sandbox.network: must be true or false, got {network!r}")
+    roots = raw.get("writableRoots", [])
+    if not isinstance(roots, list) or not all(
+        isinstance(r, str) and os.path.isabs(os.path.expanduser(r)) for r in roots
+    ):
+        raise ConfigError(
+            f"{path}: sandbox.writableRoots: must be a list of absolute directory paths"
+        )
+    if project and (mode == "off" or network or roots):
+        loosened = (
+            "turns it off"
+            if mode == "off"
+            else "allows the network"
+            if network
+            else "makes more directories writable"
+        )
+        raise ConfigError(
+            f"{path}: sandbox: a project config may only make the sandbox stricter, and this one "
+            f"{loosened}; remove it there (your own ~/.kiso/config.json, KISO_SANDBOX or "
+            f"--sandbox decide that)"
+        )
+    # a project's policy is only compared: its network is False unless it said so explicitly,
+    # which _tightened reads from its source ("network" given: the project turns it off)
+    source = f"{path}#network" if project and "network" in raw else str(path)
+    return SandboxPolicy(mode, network, tuple(roots), source)
 
 
 _CHECK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -317,10 +377,12 @@ def load_config(
     mode: str | None = None,
     project: bool = True,
     project_files: Mapping[str, bytes] | None = None,
+    sandbox: str | None = None,
 ) -> Config:
     """The effective config: ``model``/``mode`` are the flags, ``environ`` the environment.
 
-    ``project=False``: the user layer only (the project's ``.kiso/`` is not trusted).
+    ``sandbox``: the ``--sandbox`` flag. ``project=False``: the user layer only (the project's
+    ``.kiso/`` is not trusted).
     ``project_files``: the project's ``.kiso/`` as the trust gate read it (relative path to
     bytes); the project layer is parsed from those bytes, never re-read from disk, so what
     applies is exactly what was trusted. Without either, the project file is read from disk.
@@ -340,11 +402,14 @@ def load_config(
     merged: dict[str, Any] = {"models": {}}
     files: list[str] = []
     mode_source = "default"
+    tighter: SandboxPolicy | None = None  # the project's sandbox: it only tightens
     for path, layer, present in layers:
         if layer or present:
             files.append(str(path))
         if "mode" in layer:
             mode_source = str(path)
+        if layer is not layers[0][1] and "sandbox" in layer:
+            tighter = layer.pop("sandbox")
         merged["models"].update(layer.pop("models", {}))
         merged.setdefault("subagent_checks", {}).update(layer.pop("subagent_checks", {}))
         merged.update(layer)
@@ -361,6 +426,9 @@ def load_config(
     if merged.get("mode", "default") not in MODES:
         raise ConfigError(f"mode {merged['mode']!r} is not one of {', '.join(MODES)}")
     override = mode or env.get("KISO_MODE") or None
+    merged["sandbox"] = _chosen_sandbox(merged.get("sandbox", SandboxPolicy()), env, sandbox)
+    if tighter is not None:
+        merged["sandbox"] = _tightened(merged["sandbox"], tighter)
     flag = env.get("KISO_AUTO_COMPACT", "").strip().lower()
     if flag:
         if flag not in ("0", "1", "on", "off", "true", "false"):
@@ -380,4 +448,27 @@ def load_config(
         subagent_checks=merged.get("subagent_checks", {}),
         files=tuple(files),
         mode_source=mode_source,
+        sandbox=merged["sandbox"],
     )
+
+
+def _chosen_sandbox(
+    policy: SandboxPolicy, env: Mapping[str, str], flag: str | None
+) -> SandboxPolicy:
+    """The person's sandbox: ``--sandbox`` > ``KISO_SANDBOX`` > the user config > the default."""
+    for value, source in ((flag, "flag"), (env.get("KISO_SANDBOX", "").strip(), "environment")):
+        if value:
+            if value not in SANDBOX_MODES:
+                where = "--sandbox" if source == "flag" else "KISO_SANDBOX"
+                raise ConfigError(f"{where}={value!r}: must be one of {', '.join(SANDBOX_MODES)}")
+            return replace(policy, mode=value, source=source)
+    return policy
+
+
+def _tightened(policy: SandboxPolicy, project: SandboxPolicy) -> SandboxPolicy:
+    """The stricter of the person's sandbox and the project's (which never loosens)."""
+    network_off = project.source.endswith("#network")
+    source = project.source.removesuffix("#network")
+    if policy.on and not stricter(project.mode, policy.mode):
+        return replace(policy, network=False, source=source) if network_off else policy
+    return replace(project, network=False, writable_roots=policy.writable_roots, source=source)

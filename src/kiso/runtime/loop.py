@@ -531,6 +531,7 @@ async def _handler(
         session_id=run.session.id,
         call_id=call.call_id,
         env=run.child_env,
+        sandbox=run.agent.sandbox,
         abort=run.abort,
         progress=_forward_to(queue, call, started.execution_id),
         fds=guard.fds if guard is not None else (),

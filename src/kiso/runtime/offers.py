@@ -33,6 +33,7 @@ __all__ = [
     "IRREVERSIBLE",
     "NO_COMMAND",
     "OUTSIDE",
+    "OUTSIDE_SANDBOX",
     "PROTECTED",
     "UNKNOWN_TOOL",
     "UNREADABLE",
@@ -49,6 +50,7 @@ NO_COMMAND = "a shell call without a command cannot have a rule"
 PROTECTED = "paths under .git/ or .kiso/ always ask"
 OUTSIDE = "paths outside the workspace always ask"
 UNKNOWN_TOOL = "a tool kiso does not know cannot have a rule"
+OUTSIDE_SANDBOX = "a command outside the sandbox is asked about every time"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,9 @@ def approval_offer(call: ToolCall, tool: Tool | None, workspace: Path, home: Pat
         command = call.input.get("command")
         if not isinstance(command, str) or not command.strip():
             return Offer(None, NO_COMMAND, None)
+        if call.input.get("outside_sandbox") is True:
+            found = destructive_commands(command, workspace=workspace, home=home)
+            return Offer(None, OUTSIDE_SANDBOX, None, found)
         found = destructive_commands(command, workspace=workspace, home=home)
         irreversible = [d for d in found if d.irreversible]
         if irreversible:

@@ -25,10 +25,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from kiso.kernel.errors import UsageError
 from kiso.kernel.execution import is_rerunnable
+
+if TYPE_CHECKING:
+    from kiso.tools.sandbox import Sandbox
 
 __all__ = [
     "Effects",
@@ -107,6 +110,8 @@ class ToolContext:
     progress: Callable[[str], None] = _ignore
     """Report output as the tool produces it (display only, never logged; callable from any
     thread). What the model reads is still the returned result."""
+    sandbox: Sandbox | None = None
+    """The OS sandbox commands run in (:mod:`kiso.tools.sandbox`), or None: none."""
     fds: tuple[int, ...] | Callable[[], tuple[int, ...]] = field(default=(), repr=False)
     """What :attr:`inherit_fds` gives: the descriptors, or a function making them on first use
     (how the runtime passes its liveness guard: a tool that starts no process costs nothing)."""

@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ from kiso.kernel.errors import UsageError
 from kiso.tools import supervisor
 from kiso.tools.base import Effects, Tool, ToolContext, ToolResult, define_tool
 from kiso.tools.env import child_env
+from kiso.tools.sandbox import Sandbox, denial
 
 __all__ = [
     "DEFAULT_OUTPUT_LIMIT",
@@ -108,6 +109,7 @@ def run_command(
     on_output: Callable[[str], None] | None = None,
     shell: str | None = None,
     pass_fds: Sequence[int] = (),
+    sandbox: Sandbox | None = None,
 ) -> CommandResult:
     """Run ``command`` in a shell and return what it did; see the module docstring.
 
@@ -117,6 +119,8 @@ def run_command(
     already true nothing is started. ``shell`` is the absolute path of the shell to run the
     command with (``shell -c command``); the default is bash, else sh. ``pass_fds`` are open file
     descriptors the supervisor and the command inherit (the runtime's liveness guard).
+    ``sandbox``: run the command inside it (:mod:`kiso.tools.sandbox`; bubblewrap), when it is
+    available; the caller says so to the person when it is not.
     """
     if timeout_ms <= 0:
         raise UsageError(f"timeout_ms must be positive, got {timeout_ms}")
@@ -131,7 +135,8 @@ def run_command(
         return CommandResult(None, "", 0, False, False, True, 0)
 
     shell_path = shell or _shell()
-    sup = _Supervised(command, shell_path, cwd, env, fds)
+    wrapper = sandbox.wrap([], cwd) if sandbox is not None and sandbox.available else []
+    sup = _Supervised(command, shell_path, cwd, env, fds, wrapper)
     stop = threading.Event()
     reader = threading.Thread(
         target=_pump, args=(sup.output, capture, stop, on_output), name="kiso-shell-reader"
@@ -204,14 +209,22 @@ class _Supervised:
     supervisor sees end-of-file exactly when this process dies (or :meth:`close` runs early).
     """
 
-    def __init__(
-        self, command: str, shell: str, cwd: Path, env: Mapping[str, str], pass_fds: tuple[int, ...]
+    def __init__(  # noqa: PLR0917
+        self,
+        command: str,
+        shell: str,
+        cwd: Path,
+        env: Mapping[str, str],
+        pass_fds: tuple[int, ...],
+        wrapper: Sequence[str] = (),
     ) -> None:
         out_r, out_w = os.pipe()
         ctl_r, ctl_w = os.pipe()
+        argv = [sys.executable, "-I", "-S", supervisor.SCRIPT, str(os.getpid()), shell, command]
+        argv += wrapper
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", supervisor.SCRIPT, str(os.getpid()), shell, command],
+                argv,
                 cwd=cwd,
                 env=dict(env),
                 stdin=ctl_r,
@@ -418,6 +431,11 @@ servers with '&' and expect them to survive the call.
 - Prefer read_file, list_dir and search_text to read and find files, and write_file or \
 edit_file to change them; use this tool to build, test, run and inspect programs.
 - The result ends with a line such as 'exit 0'; a non-zero exit is reported as an error.
+- Commands usually run in a sandbox: the workspace and temporary directories are writable, \
+the rest of the file system is read-only, credentials (~/.ssh, ~/.aws...) are hidden and there \
+is no network. When a command fails because of it, the result says so; only then, and only when \
+the command must run, call again with outside_sandbox true and a justification: the user is \
+asked.
 """
 
 SHELL_PARAMETERS: dict[str, Any] = {
@@ -433,6 +451,15 @@ SHELL_PARAMETERS: dict[str, Any] = {
             "maximum": MAX_TIMEOUT_MS,
             "description": f"Kill the command after this many milliseconds "
             f"(default {DEFAULT_TIMEOUT_MS}).",
+        },
+        "outside_sandbox": {
+            "type": "boolean",
+            "description": "Run this one command outside the sandbox. The user is always asked "
+            "first; use it only after the sandbox stopped the command.",
+        },
+        "justification": {
+            "type": "string",
+            "description": "With outside_sandbox: one sentence the user reads, saying why.",
         },
     },
     "required": ["command"],
@@ -507,11 +534,15 @@ def _execute_shell(input: dict[str, Any], ctx: ToolContext) -> ToolResult:
             f"timeout_ms must be an integer from 1 to {MAX_TIMEOUT_MS}, "
             f"got {input.get('timeout_ms')!r}"
         )
+    outside = input.get("outside_sandbox", False)
+    if not isinstance(outside, bool):
+        return _invalid(f"outside_sandbox must be true or false, got {outside!r}")
     if ctx.cancelled():
         return ToolResult(
             "cancelled before the command started; nothing ran", is_error=True, error_kind="aborted"
         )
     env = ctx.env if ctx.env else child_env(os.environ)
+    sandbox = None if outside else ctx.sandbox
     try:
         result = run_command(
             command,
@@ -521,6 +552,7 @@ def _execute_shell(input: dict[str, Any], ctx: ToolContext) -> ToolResult:
             cancelled=ctx.cancelled,
             on_output=ctx.progress,
             pass_fds=ctx.inherit_fds,
+            sandbox=sandbox,
         )
     except SupervisorError as exc:
         return ToolResult(
@@ -536,7 +568,22 @@ def _execute_shell(input: dict[str, Any], ctx: ToolContext) -> ToolResult:
             is_error=True,
             error_kind="fatal",
         )
-    return format_command_result(result, timeout_ms)
+    formatted = format_command_result(result, timeout_ms)
+    if sandbox is not None and sandbox.available:
+        why = denial(sandbox, result.exit_code, result.output)
+        if why is not None:
+            return replace(formatted, content=formatted.content + sandbox_note(sandbox, why))
+    return formatted
+
+
+def sandbox_note(sandbox: Sandbox, why: str) -> str:
+    """What a result says when the sandbox probably stopped the command."""
+    return (
+        f"\n[sandbox: this ran in the {sandbox.mode} sandbox"
+        f"{'' if sandbox.network else ' with no network'} and probably failed because {why}. "
+        f"If it must run outside the sandbox, call shell again with the same command, "
+        f'"outside_sandbox": true and a "justification": the user is asked first.]'
+    )
 
 
 SHELL: Tool = define_tool(

@@ -1,7 +1,8 @@
 """The shell supervisor: the small process that stands between kiso and every command it runs.
 
 :func:`kiso.tools.shell.run_command` starts it as ``python -I -S supervisor.py KISO_PID SHELL
-COMMAND`` in a session of its own, so a signal to kiso's process group never reaches it, with
+COMMAND [WRAPPER...]`` in a session of its own, so a signal to kiso's process group never reaches
+it, with
 
 * fd 0: the read end of the *control pipe*. kiso holds the only write end (the pipe is created
   close-on-exec and the supervisor is started with ``close_fds``, so no other child of kiso
@@ -15,7 +16,8 @@ COMMAND`` in a session of its own, so a signal to kiso's process group never rea
 * the descriptors kiso was asked to pass on (``pass_fds``), inherited as they are.
 
 The command runs as ``SHELL -c COMMAND`` in a new session (so its own process group), with stdin
-from ``/dev/null``. The supervisor then waits for whichever comes first:
+from ``/dev/null``; with a WRAPPER (the OS sandbox's ``bwrap ... --``, :mod:`kiso.tools.sandbox`) as
+``WRAPPER... SHELL -c COMMAND``. The supervisor then waits for whichever comes first:
 
 * the shell exits: its status is reported; any descendant still alive 0.2 s later is a stray and is
   stopped like a timed-out command;
@@ -78,13 +80,13 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 def main(argv: list[str]) -> int:
     """Run one command under supervision; see the module docstring. The exit status is 0."""
-    parent, shell, command = int(argv[1]), argv[2], argv[3]
+    parent, shell, command, wrapper = int(argv[1]), argv[2], argv[3], argv[4:]
     sup = _Supervisor(parent)
     env = read_environment(CTL)
     if env is None or sup.should_not_start():
         return 0
     try:
-        leader = _spawn(shell, command, env)
+        leader = _spawn(shell, command, env, wrapper)
     except OSError as exc:
         sup.report(f"error {exc.errno or 0}")
         return 0
@@ -352,23 +354,25 @@ def read_environment(fd: int) -> dict[str, str] | None:
     return env
 
 
-def _spawn(shell: str, command: str, env: dict[str, str]) -> int:
-    """Start ``shell -c command`` in a new session, stdin from /dev/null, stdout on our fd 2."""
+def _spawn(shell: str, command: str, env: dict[str, str], wrapper: list[str]) -> int:
+    """Start ``shell -c command`` in a new session, stdin from /dev/null, stdout on our fd 2;
+    with a ``wrapper`` (the sandbox's ``bwrap ... --``), ``wrapper shell -c command``."""
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_DUP2, OUT, 1),
     ]
     # Python ignores SIGPIPE and SIGXFSZ; the command gets the defaults, as subprocess gives them.
     defaults = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, *_STOP_SIGNALS)
-    argv = [shell, "-c", command]
+    argv = [*wrapper, shell, "-c", command]
+    path = wrapper[0] if wrapper else shell
     try:
         return os.posix_spawn(
-            shell, argv, env, file_actions=actions, setsigdef=defaults, setsigmask=(),
+            path, argv, env, file_actions=actions, setsigdef=defaults, setsigmask=(),
             setsid=True,
         )  # fmt: skip
     except NotImplementedError:  # no POSIX_SPAWN_SETSID: a process group of its own will do
         return os.posix_spawn(
-            shell, argv, env, file_actions=actions, setsigdef=defaults, setsigmask=(),
+            path, argv, env, file_actions=actions, setsigdef=defaults, setsigmask=(),
             setpgroup=0,
         )  # fmt: skip
 

@@ -54,6 +54,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from kiso.kernel.execution import ExecutionId, ReceiptState, Rerunnable, Ruling, is_rerunnable
+from kiso.tools.sandbox import MODES as SANDBOX_MODES
+from kiso.tools.sandbox import Sandbox, SandboxPolicy
 from kyronix.errors import (
     ExecutionRunningError,
     KyronixRunError,
@@ -168,7 +170,10 @@ class KyronixExecuter:
     ``api_key`` (default: ``$KYRONIX_API_KEY``) as executer ``executer_id`` (default
     ``default``). ``on_tunnel_event`` gets each :class:`~kyronix.executer.daemon.TunnelEvent`
     (connected, disconnected, a request answered...) on the tunnel's loop; ``heartbeat_s`` is
-    the interval of its ``ping`` frames.
+    the interval of its ``ping`` frames. ``sandbox`` is the OS sandbox ``terminal`` runs
+    commands in (``workspace-write``, ``read-only`` or ``off``, or a
+    :class:`~kiso.tools.sandbox.SandboxPolicy`; docs/sandbox.md): a plan from a server is the
+    least trusted input there is, so it is on unless you turn it off.
     """
 
     def __init__(
@@ -186,6 +191,7 @@ class KyronixExecuter:
         lock_timeout_s: float = DEFAULT_TIMEOUT_S,
         on_tunnel_event: Callable[[TunnelEvent], object] | None = None,
         heartbeat_s: float = 15.0,
+        sandbox: SandboxPolicy | str = "workspace-write",
     ) -> None:
         if not (isinstance(heartbeat_s, int | float) and heartbeat_s > 0):
             raise KyronixUsageError(
@@ -230,6 +236,22 @@ class KyronixExecuter:
         self.continue_on_denial = continue_on_denial
         self._env = env
         self._pass_env = (pass_env,) if isinstance(pass_env, str) else tuple(pass_env)
+        if isinstance(sandbox, str):
+            if sandbox not in SANDBOX_MODES:
+                raise KyronixUsageError(
+                    f"sandbox is one of {', '.join(SANDBOX_MODES)}, got {sandbox!r}"
+                )
+            sandbox = SandboxPolicy(sandbox, source="executer")
+        if not isinstance(sandbox, SandboxPolicy):
+            raise KyronixUsageError(
+                f"sandbox is a mode ({', '.join(SANDBOX_MODES)}) or a SandboxPolicy, "
+                f"got {type(sandbox).__name__}"
+            )
+        self.sandbox = sandbox
+        """The OS sandbox ``terminal`` runs commands in (docs/sandbox.md): workspace-write by
+        default, the base being the workspace."""
+        self._sandboxes: dict[Path, Sandbox | None] = {}
+        self._sandboxes_lock = threading.Lock()
         self._builtins = builtin_tools()
         self._custom: dict[str, _Custom] = {}
         self._resources = Resources()
@@ -242,6 +264,13 @@ class KyronixExecuter:
         Edit locks live in its ``locks/``; liveness guards beside the store."""
         self._locks = FileLocks(self.state_dir / "locks", timeout_s=lock_timeout_s)
         self._guards = Guards.beside(store)
+
+    def _sandbox_for(self, base: Path) -> Sandbox | None:
+        """The sandbox for commands run in ``base`` (made once per base)."""
+        with self._sandboxes_lock:
+            if base not in self._sandboxes:
+                self._sandboxes[base] = Sandbox.for_workspace(self.sandbox, base)
+            return self._sandboxes[base]
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -720,6 +749,7 @@ class KyronixExecuter:
                     env=self._env if self._env is not None else os.environ,
                     pass_env=self._pass_env,
                     inherit_fds=(guard.fd,) if guard is not None else (),
+                    sandbox=self._sandbox_for(base) if spec.name == "terminal" else None,
                 )
                 sink = OUTPUT_SINK.set(
                     report.output_sink(call.name, call.execution_id) if report else None

@@ -60,7 +60,10 @@ def test_the_terminal_sees_no_credential_and_everything_else(tmp_path: Path, bas
         assert name not in seen, name
         assert value not in result["output"], name
     for name in KEPT:
-        assert seen[name] == os.environ[name], name
+        if name != "TMPDIR":
+            assert seen[name] == os.environ[name], name
+    # the OS sandbox gives the command a temporary directory of its own (docs/sandbox.md)
+    assert Path(seen["TMPDIR"]).name.startswith("kiso-sandbox-tmp-"), seen["TMPDIR"]
     assert seen["PWD"] == str(base)
 
 

@@ -27,6 +27,7 @@ from kiso.tools.paths import PathOutsideWorkspace, resolve_in_workspace
 from kyronix.errors import SecurityError, ToolFailure
 
 if TYPE_CHECKING:
+    from kiso.tools.sandbox import Sandbox
     from kyronix.executer.permissions import PermissionManager
     from kyronix.executer.tools.browser import BrowserSession
 
@@ -118,6 +119,8 @@ class Call:
     inherit_fds: tuple[int, ...] = field(default=(), repr=False)
     """Descriptors every process the tool starts must inherit (``pass_fds``): the execution's
     liveness guard, which keeps it *running* (not uncertain) while those processes live."""
+    sandbox: Sandbox | None = None
+    """The OS sandbox a command runs in (``terminal``), None when it is off."""
 
     def resolve(self, raw: str, *, relative_to: Path | None = None) -> Path:
         """Resolve a path that is not a declared parameter through the same sandbox, or raise

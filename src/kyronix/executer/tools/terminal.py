@@ -6,9 +6,11 @@ a cap on the output kept (head and tail), and an environment with credentials re
 through). The command inherits the execution's liveness guard, so while any of its processes
 lives the execution is reported *running*; when the executer is killed (``kill -9`` included)
 the shell supervisor kills them. ``cwd`` is sandboxed like any path, but the command itself can
-do anything the executer's user can: path checks cannot contain a shell. That is why
-``SAFE_POLICIES`` refuse it; where commands must be contained, run the executer under OS isolation
-(see docs/executer.md, "The threat model").
+do anything the executer's user can, except what the executer's OS sandbox
+(:mod:`kiso.tools.sandbox`, on by default: the base writable, the rest read-only, credentials
+hidden, no network) takes away: path checks cannot contain a shell, the sandbox does. A command is
+never run unsandboxed because bubblewrap is missing: it fails and says so, unless the executer
+was started with ``--sandbox off``. ``SAFE_POLICIES`` still refuse ``terminal`` until allowed.
 
 While the command runs, what it prints is handed, chunk by chunk, to the callable in
 :data:`OUTPUT_SINK` when the executer set one (``execute(on_progress=...)``); it is called from
@@ -24,6 +26,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from kiso.tools.env import child_env
+from kiso.tools.sandbox import denial
 from kiso.tools.shell import DEFAULT_OUTPUT_LIMIT, run_command
 from kyronix.executer.tools.base import Call, Param, ToolFailure, ToolOutput, ToolSpec
 
@@ -65,6 +68,14 @@ def terminal(call: Call) -> ToolOutput:
             f"timeout is in seconds, from 1 to {MAX_TIMEOUT_S}; got {timeout_s}",
             error_type="InvalidArguments",
         )
+    sandbox = call.sandbox
+    if sandbox is not None and not sandbox.available:
+        raise ToolFailure(
+            f"the command was not run: the executer's sandbox cannot be made here "
+            f"({sandbox.reason}). Install bubblewrap, or start the executer with --sandbox off "
+            f"(KyronixExecuter(sandbox='off')) to run commands with the executer's full access",
+            error_type="SandboxUnavailable",
+        )
     try:
         result = run_command(
             command,
@@ -75,6 +86,7 @@ def terminal(call: Call) -> ToolOutput:
             shell=shell,
             pass_fds=call.inherit_fds,
             on_output=OUTPUT_SINK.get(),
+            sandbox=sandbox,
         )
     except OSError as exc:
         raise ToolFailure(f"could not start the shell in {call.rel(cwd)}: {exc.strerror}") from None
@@ -93,6 +105,13 @@ def terminal(call: Call) -> ToolOutput:
             why = f"the command was killed by signal {-result.exit_code}"
         else:
             why = f"the command exited with status {result.exit_code}"
+        if sandbox is not None and not result.timed_out:
+            denied = denial(sandbox, result.exit_code, result.output)
+            if denied is not None:
+                why += (
+                    f"; it ran in the {sandbox.mode} sandbox and probably failed because {denied}"
+                )
+                data["sandbox"] = sandbox.mode
         raise ToolFailure(
             why,
             error_type="Timeout" if result.timed_out else "CommandFailed",

@@ -1,0 +1,363 @@
+"""The OS sandbox for commands a model can drive: ``shell``, MCP stdio servers, the Kyronix
+executer's ``terminal``. On Linux it is `bubblewrap <https://github.com/containers/bubblewrap>`_
+(``bwrap``): the command gets a mount namespace of its own in which
+
+* ``workspace-write``: the whole file system is mounted read-only, except the workspace, a
+  private temporary directory that ``$TMPDIR`` names (``/tmp`` itself is read-only, and the
+  sockets other programs keep there are hidden) and the writable parts of the workspace's git
+  directory (objects, refs, the index; never ``hooks/`` or ``config``, which run code on the
+  user's next ``git``). The workspace's ``.kiso/`` stays read-only too;
+* ``read-only``: everything read-only, with no temporary directory either;
+* in both, the places credentials live (:data:`HIDDEN_IN_HOME`: ``~/.ssh``, ``~/.gnupg``,
+  ``~/.aws``, ``~/.config/gh``, ``~/.kiso``... and ``$KISO_HOME``/``$KYRONIX_HOME`` wherever they
+  are) and the sockets of services that would run a command outside it (:data:`HIDDEN_SOCKETS`)
+  are replaced by empty read-only directories, or for a file by an unreadable one; the
+  network is a private namespace with only a loopback of its own unless ``network`` allows it; the
+  command gets a pid namespace (it sees and can signal only its own processes) and ``/proc`` and
+  ``/dev`` of its own;
+* ``--die-with-parent``: when whoever started ``bwrap`` (the shell supervisor) dies, everything in
+  the sandbox dies with it.
+
+``off`` runs the command as before. What is not contained is in docs/sandbox.md.
+
+Everything here is pure except :func:`probe` (runs ``bwrap`` once per process) and
+:meth:`Sandbox.for_workspace` (looks at which of the hidden paths exist).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiso.kernel.errors import UsageError
+
+__all__ = [
+    "HIDDEN_IN_HOME",
+    "MODES",
+    "Sandbox",
+    "SandboxPolicy",
+    "check_mode",
+    "denial",
+    "probe",
+    "stricter",
+]
+
+MODES = ("workspace-write", "read-only", "off")
+"""From the loosest that still contains something to none at all; :func:`stricter` orders them."""
+_STRICTNESS = {"off": 0, "workspace-write": 1, "read-only": 2}
+
+HIDDEN_IN_HOME = (
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".azure",
+    ".kube",
+    ".docker",
+    ".kiso",
+    ".kyronix",
+    ".password-store",
+    ".config/gh",
+    ".config/hub",
+    ".config/gcloud",
+    ".config/kiso",
+    ".config/op",
+    ".local/share/keyrings",
+    ".netrc",
+    ".git-credentials",
+    ".pypirc",
+    ".npmrc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".terraform.d/credentials.tfrc.json",
+)
+"""Where credentials live under the home directory; each is hidden when it exists."""
+
+HIDDEN_SOCKETS = (
+    "/run/user",
+    "/run/dbus",
+    "/run/docker.sock",
+    "/run/containerd",
+    "/run/podman",
+    "/run/snapd.socket",
+    "/run/snapd-snap.socket",
+    "/run/systemd/private",
+)
+"""Sockets of services that run commands outside the sandbox for whoever asks (the user's
+systemd and D-Bus, Docker, Podman...): a Unix socket stays reachable on a read-only mount."""
+
+_TEMP_SOCKETS = (".X11-unix", ".ICE-unix", "tmux-*", "ssh-*", "dbus-*", ".s.PGSQL.*", "*.sock")
+"""Sockets and socket directories programs keep in ``/tmp`` (a display, a terminal multiplexer,
+an SSH agent, a session bus) through which a command could act outside the sandbox."""
+
+_GIT_READ_ONLY = ("hooks", "config", "info")
+"""Parts of a git directory that run code or change what the user's next ``git`` does."""
+
+
+def check_mode(mode: str, where: str = "sandbox") -> str:
+    if mode not in MODES:
+        raise UsageError(f"{where}: must be one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
+def stricter(a: str, b: str) -> bool:
+    """Is mode ``a`` stricter than mode ``b``?"""
+    return _STRICTNESS[a] > _STRICTNESS[b]
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxPolicy:
+    """What a person chose: the mode, the network, extra writable directories."""
+
+    mode: str = "workspace-write"
+    network: bool = False
+    writable_roots: tuple[str, ...] = ()
+    """Directories writable besides the workspace and the temporary ones (``workspace-write``)."""
+    source: str = "default"
+    """Where the mode came from: "flag", "environment", a config file's path or "default"."""
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+
+@functools.lru_cache(maxsize=4)
+def probe(bwrap: str | None = None) -> str | None:
+    """None when a bubblewrap sandbox can be made here, else why not (one sentence saying what to
+    do). Runs ``bwrap`` once per process (about 5 ms) and remembers the answer."""
+    path = bwrap or shutil.which("bwrap")
+    if path is None:
+        return (
+            "bubblewrap (bwrap) is not installed: install it (apt-get install bubblewrap, "
+            "dnf install bubblewrap) to run commands in the sandbox"
+        )
+    try:
+        done = subprocess.run(
+            [path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-net",
+             "--die-with-parent", "--", "/bin/sh", "-c", "exit 0"],
+            capture_output=True, timeout=30, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap ({path}) could not be started: {exc}"
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        why = said[-1] if said else f"exit {done.returncode}"
+        return (
+            f"bubblewrap ({path}) cannot make a sandbox here ({why}); user namespaces may be "
+            f"off (sysctl kernel.unprivileged_userns_clone=1, or an AppArmor profile for bwrap)"
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Sandbox:
+    """A policy made concrete for one workspace: the paths to bind, hide and protect."""
+
+    mode: str
+    network: bool
+    workspace: Path
+    writable: tuple[Path, ...] = ()
+    """Directories mounted writable (``workspace-write``), the workspace first."""
+    temp: Path | None = None
+    """A private directory, writable, that ``TMPDIR`` names inside (``workspace-write``): it
+    lives as long as this process, so one command can leave a file there for the next."""
+    protected: tuple[Path, ...] = ()
+    """Paths inside writable ones that stay read-only (``.git/hooks``, ``.kiso``)."""
+    hidden: tuple[Path, ...] = ()
+    """Credential directories and files replaced by empty, unreadable ones."""
+    bwrap: str = "bwrap"
+    reason: str | None = field(default=None, compare=False)
+    """Why the sandbox cannot be used here (bubblewrap missing or refused), else None."""
+
+    @property
+    def available(self) -> bool:
+        return self.reason is None
+
+    @classmethod
+    def for_workspace(
+        cls,
+        policy: SandboxPolicy,
+        workspace: Path,
+        *,
+        environ: Mapping[str, str] | None = None,
+        home: Path | None = None,
+        bwrap: str | None = None,
+    ) -> Sandbox | None:
+        """The sandbox for ``workspace`` under ``policy``, or None when the policy is ``off``."""
+        if not policy.on:
+            return None
+        env = os.environ if environ is None else environ
+        home = home if home is not None else Path(env.get("HOME") or os.path.expanduser("~"))
+        ws = Path(os.path.realpath(workspace))
+        writable: list[Path] = []
+        protected: list[Path] = []
+        if policy.mode == "workspace-write":
+            writable.append(ws)
+            for root in policy.writable_roots:
+                path = Path(os.path.realpath(os.path.expanduser(root)))
+                if path.is_dir():
+                    writable.append(path)
+            for gitdir in _git_dirs(ws):
+                writable.append(gitdir)
+                protected += [gitdir / part for part in _GIT_READ_ONLY if (gitdir / part).exists()]
+            if (ws / ".kiso").exists():
+                protected.append(ws / ".kiso")
+        hidden: list[Path] = []
+        for name in HIDDEN_IN_HOME:
+            hidden.append(home / name)
+        for var in ("KISO_HOME", "KYRONIX_HOME"):
+            if env.get(var):
+                hidden.append(Path(os.path.expanduser(env[var])))
+        hidden += [Path(p) for p in HIDDEN_SOCKETS]
+        hidden += _temp_sockets(env)
+        shown: list[Path] = []
+        for path in hidden:
+            if os.path.lexists(path):
+                _hide(Path(os.path.realpath(path)), ws, shown)
+        binary = bwrap or shutil.which("bwrap") or "bwrap"
+        reason = probe(bwrap)
+        temp = None
+        if policy.mode == "workspace-write" and reason is None:
+            temp = _private_tmp()
+        return cls(
+            policy.mode,
+            policy.network,
+            ws,
+            tuple(dict.fromkeys(writable)),
+            temp,
+            tuple(dict.fromkeys(protected)),
+            tuple(shown),
+            binary,
+            reason,
+        )
+
+    def wrap(self, argv: Sequence[str], cwd: Path) -> list[str]:
+        """``bwrap`` and its arguments, then ``argv``: the command line that runs ``argv`` in
+        ``cwd`` inside this sandbox. Order matters: later mounts cover earlier ones."""
+        args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
+        if not self.network:
+            args.append("--unshare-net")
+        if self.temp is not None:
+            args += ["--bind", str(self.temp), str(self.temp), "--setenv", "TMPDIR", str(self.temp)]
+        for path in self.writable:
+            args += ["--bind", str(path), str(path)]
+        for path in self.protected:
+            args += ["--ro-bind", str(path), str(path)]
+        for path in self.hidden:
+            if path.is_dir():
+                args += ["--tmpfs", str(path), "--remount-ro", str(path)]
+            else:
+                args += ["--ro-bind", "/dev/null", str(path)]
+        args += ["--chdir", str(cwd), "--", *argv]
+        return args
+
+    def describe(self) -> str:
+        network = "network on" if self.network else "network off"
+        if not self.available:
+            return f"unavailable, commands run unsandboxed: {self.reason}"
+        return f"{self.mode} (bubblewrap), {network}"
+
+
+def _temp_sockets(env: Mapping[str, str]) -> list[Path]:
+    """The sockets of :data:`_TEMP_SOCKETS` in ``/tmp`` and ``$TMPDIR``, and the SSH agent's."""
+    found: list[Path] = []
+    for top in dict.fromkeys(["/tmp", env.get("TMPDIR") or "/tmp"]):
+        for pattern in _TEMP_SOCKETS:
+            found += sorted(Path(top).glob(pattern))
+    agent = env.get("SSH_AUTH_SOCK")
+    if agent and os.path.isabs(agent):
+        found.append(Path(agent).parent)
+    return found
+
+
+def _private_tmp() -> Path:
+    """A directory of this process's own to be the sandbox's ``/tmp``; removed at exit."""
+    path = Path(tempfile.mkdtemp(prefix="kiso-sandbox-tmp-"))
+    atexit.register(shutil.rmtree, path, True)
+    return Path(os.path.realpath(path))
+
+
+def _inside(parent: Path, path: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def _hide(path: Path, ws: Path, out: list[Path]) -> None:
+    """Add ``path`` to what is hidden; when the workspace is inside it (a subagent's worktree
+    under ``$KISO_HOME``), hide everything in it except the way to the workspace."""
+    if path in out or _inside(ws, path):
+        return
+    if not _inside(path, ws):
+        out.append(path)
+        return
+    try:
+        children = sorted(path.iterdir())
+    except OSError:
+        return
+    for child in children:
+        _hide(Path(os.path.realpath(child)), ws, out)
+
+
+def _git_dirs(workspace: Path) -> list[Path]:
+    """The git directories a ``git commit`` in ``workspace`` writes: the repository's, and for a
+    worktree its own and the common one."""
+    for top in (workspace, *workspace.parents):
+        dotgit = top / ".git"
+        if dotgit.is_dir():
+            return [Path(os.path.realpath(dotgit))]
+        if dotgit.is_file():
+            try:
+                text = dotgit.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                return []
+            m = re.match(r"gitdir:\s*(.+)", text.strip())
+            if m is None:
+                return []
+            gitdir = Path(os.path.realpath(top / m.group(1).strip()))
+            found = [gitdir] if gitdir.is_dir() else []
+            try:
+                common = (gitdir / "commondir").read_text(encoding="utf-8").strip()
+            except OSError:
+                return found
+            path = Path(os.path.realpath(gitdir / common))
+            return [*found, path] if path.is_dir() else found
+    return []
+
+
+_DENIAL_MARKERS = (
+    ("Read-only file system", "it tried to write outside the places the sandbox lets it write"),
+    ("Network is unreachable", "it tried to reach the network, which the sandbox cuts off"),
+    ("Could not resolve host", "it tried to reach the network, which the sandbox cuts off"),
+    ("Temporary failure in name resolution", "it tried to reach the network (no DNS here)"),
+    ("Name or service not known", "it tried to reach the network (no DNS here)"),
+    ("getaddrinfo", "it tried to reach the network, which the sandbox cuts off"),
+    ("Operation not permitted", "the sandbox does not allow that operation"),
+)
+
+
+_OFFLINE_MARKERS = (
+    ("Connection refused", "it tried to reach a server, and the sandbox has no network"),
+    ("Failed to connect", "it tried to reach a server, and the sandbox has no network"),
+)
+
+
+def denial(sandbox: Sandbox, exit_code: int | None, output: str) -> str | None:
+    """Why a failed command probably failed because of ``sandbox``, or None. A heuristic on what
+    it printed (like Codex's): a write refused as a read-only file system, a network that is not
+    there, or a path the sandbox hides."""
+    if exit_code == 0 or exit_code is None:
+        return None
+    for marker, why in _DENIAL_MARKERS + (() if sandbox.network else _OFFLINE_MARKERS):
+        if marker in output:
+            return why
+    for path in sandbox.hidden:
+        if str(path) in output:
+            return f"it reached for {path}, which the sandbox hides"
+    return None
