@@ -78,7 +78,9 @@ __all__ = [
     "uncertain_panel",
 ]
 
-Action = Literal["yes", "always", "no", "narrower", "rerun", "skipped", "applied", "pick"]
+Action = Literal[
+    "yes", "always", "everywhere", "no", "narrower", "rerun", "skipped", "applied", "pick"
+]
 
 NARROWER = (
     "The user did not run this call as it is and asks for narrower versions of it instead: "
@@ -206,17 +208,28 @@ def approval_panel(call: ToolCall, offer: Offer) -> Panel:
     else:
         question = f"Allow {call.name}?"
     always = Option("Yes, and don't ask again", "always")
+    everywhere: list[Option] = []
     if offer.rule is None:
         why = offer.no_rule_because or "no rule can cover this call"
         always.enabled = False
         always.detail = f"(not offered: {why})"
         always.why_not = f'"don\'t ask again" is not offered: {why}'
     else:
+        where = f" ({offer.project})" if offer.project is not None else ""
+        always.label = f"Yes, and don't ask again in this project{where}"
         always.detail = f"(adds the rule `{offer.rule.text}`)"
+        label = "Yes, and don't ask again in every project"
+        everywhere.append(Option(label, "everywhere", always.detail))
     narrower = Option("No, ask for narrower versions", "narrower", "(the model proposes 2-3)")
     return Panel(
         question,
-        [Option("Yes", "yes"), always, Option("No (tell the model why)", "no"), narrower],
+        [
+            Option("Yes", "yes"),
+            always,
+            Option("No (tell the model why)", "no"),
+            narrower,
+            *everywhere,  # last: the wider grant is never a slip of the finger away from 2
+        ],
         typed="no",
     )
 

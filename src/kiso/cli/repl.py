@@ -94,6 +94,7 @@ from .render import (
     warning_text,
     write,
 )
+from .rules_view import rules_rows
 from .status import (
     Meter,
     Streamed,
@@ -645,11 +646,13 @@ class Repl:
             session.deny(call.call_id, "the user stopped the run")
             session.abort()
             await self.screen.show(Text("  ✗ stopped"))
-        elif choice.action == "always":
+        elif choice.action in ("always", "everywhere"):
+            everywhere = choice.action == "everywhere"
             try:
-                session.approve(call.call_id, always=True)
+                session.approve(call.call_id, always=True, every_project=everywhere)
                 rule = getattr(session.events[-1], "rule", None)
-                await self.screen.show(Text(f"  ✓ approved · won't ask again: {rule}"))
+                where = "every project" if everywhere else "this project"
+                await self.screen.show(Text(f"  ✓ approved · won't ask again in {where}: {rule}"))
             except KisoError as exc:
                 session.approve(call.call_id)
                 await self.screen.show(warning_text(f"  ✓ approved this once: {exc}"))
@@ -993,7 +996,7 @@ class Repl:
             f"system     the system prompt is {prompt}",
             f"cost       {spent}",
             f"theme      {self.printer.palette.describe()}",
-            f"rules      {self.setup.agent.rules.path}",
+            *rules_rows(self.setup.agent.rules, self.setup.workspace),
             f"history    {history_path(kiso_home(), self.setup.workspace)}",
         ]
         rows = self.setup.extensions.status_lines()

@@ -40,6 +40,8 @@ from kiso.tools.ask_user import Asker, interactive_tools
 from kiso.tools.sandbox import Sandbox
 from kiso.tools.tasks import update_tasks_tool
 
+from .rules_view import unscoped_notices
+
 __all__ = ["RunOptions", "Setup", "close_setup", "open_session", "prepare"]
 
 
@@ -180,6 +182,8 @@ def prepare(
             auto_compact=config.auto_compact,
             sandbox=sandbox,
         )
+        if role is None:  # rules written without a scope: said once (a subagent's parent did)
+            notices += unscoped_notices(agent.rules, ws)
     except BaseException:
         if mcp is not None:
             mcp.close()

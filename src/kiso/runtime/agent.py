@@ -197,9 +197,13 @@ class Agent:
 
     def offer(self, call: ToolCall) -> Offer:
         """What an approval of ``call`` may offer: the one place that decides it."""
-        from kiso.runtime.offers import approval_offer
+        from dataclasses import replace
 
-        return approval_offer(call, self.tool(call.name), self.workspace, self.home)
+        from kiso.runtime.offers import approval_offer
+        from kiso.runtime.rules import project_of
+
+        offer = approval_offer(call, self.tool(call.name), self.workspace, self.home)
+        return replace(offer, project=project_of(self.workspace))
 
     def input_problem(self, tool: Tool, value: dict[str, Any]) -> str | None:
         """Why ``value`` does not fit the tool's schema, or None."""

@@ -114,7 +114,7 @@ class FloorHook(Hook):
 
 
 class RulesHook(Hook):
-    """The "don't ask again" rules: allow-only."""
+    """The "don't ask again" rules in force in the session's project: allow-only."""
 
     name = "rules"
     allow_only = True
@@ -123,11 +123,13 @@ class RulesHook(Hook):
         self.rules = rules
 
     def before_tool(self, ctx: CallContext) -> Verdict | None:
-        rule = self.rules.match(ctx.call, ctx.tool, ctx.workspace)
-        if rule is None:
+        grant = self.rules.find(ctx.call, ctx.tool, ctx.workspace)
+        if grant is None:
             return None
+        rule = grant.rule
+        where = f"{grant.scope}, {self.rules.path} line {grant.line}"
         return Verdict(
-            "allow", f"rule:{rule.text}", f"allowed by the rule '{rule.text}'", rule.text
+            "allow", f"rule:{rule.text}", f"allowed by the rule '{rule.text}' ({where})", rule.text
         )
 
 

@@ -65,6 +65,9 @@ class Offer:
     """The one warning line: only for irreversible deletes, naming what goes; else None."""
     destructions: tuple[Destruction, ...] = ()
     """Every destructive command the floor's parser found in a shell call."""
+    project: Path | None = None
+    """The project "don't ask again" scopes the rule to (:func:`kiso.runtime.rules.project_of`
+    the workspace; ``Agent.offer`` fills it in). "In every project" is the other, explicit scope."""
 
 
 def approval_offer(call: ToolCall, tool: Tool | None, workspace: Path, home: Path) -> Offer:

@@ -328,9 +328,20 @@ class Session:
         _, cs = self._pending_call(call_id)
         return self.agent.offer(cs.call)
 
-    def approve(self, call_id: str, *, always: bool = False, reason: str | None = None) -> None:
-        """Approve a pending call. ``always`` also writes a "don't ask again" rule for it; a call
-        no rule may cover (an irreversible delete, a compound command...) is refused."""
+    def approve(
+        self,
+        call_id: str,
+        *,
+        always: bool = False,
+        every_project: bool = False,
+        reason: str | None = None,
+    ) -> None:
+        """Approve a pending call. ``always`` also writes a "don't ask again" rule for it, in
+        force only in this session's project (the git root of the workspace, else the
+        workspace); ``every_project`` (with ``always``) writes it for every project instead. A
+        call no rule may cover (an irreversible delete, a compound command...) is refused."""
+        if every_project and not always:
+            raise UsageError("every_project=True writes a rule: pass it with always=True")
         run, cs = self._pending_call(call_id)
         rule = None
         if always:
@@ -340,7 +351,10 @@ class Session:
                     f"no 'don't ask again' rule is offered for this {cs.call.name} call: "
                     f"{offer.no_rule_because or 'no rule can cover it'}. Approve it once instead."
                 )
-            self.agent.rules.add(offer.rule)
+            from kiso.runtime.rules import project_of
+
+            here = offer.project or project_of(self.agent.workspace)
+            self.agent.rules.add(offer.rule, project=None if every_project else here)
             rule = offer.rule.text
         self.append(
             ApprovalDecided(
