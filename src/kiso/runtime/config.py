@@ -33,11 +33,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from kiso.kernel import UsageError
 from kiso.runtime.approvals import MODES
+
+if TYPE_CHECKING:
+    from kiso.runtime.command_hooks import CommandHookSpec
 
 __all__ = [
     "KINDS",
@@ -76,6 +79,7 @@ _TOP_KEYS = {
     "subagents",
     "autoCompact",
     "updateCheck",
+    "hooks",
 }
 _USER_ONLY = {
     "floor": "the catastrophe floor",
@@ -144,6 +148,8 @@ class Config:
     """The config files that were read, lowest precedence first."""
     mode_source: str = "default"
     """Where ``mode`` came from: "flag", "environment", a config file's path or "default"."""
+    hooks: tuple[CommandHookSpec, ...] = ()
+    """``hooks``: the command hooks, the user's then the project's (docs/extensions.md)."""
 
 
 def _read(path: Path, raw: bytes | None = None) -> dict[str, Any] | None:
@@ -270,6 +276,10 @@ def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, 
         if not isinstance(data["updateCheck"], bool):
             raise ConfigError(f"{path}: updateCheck: must be true or false")
         out["update_check"] = data["updateCheck"]
+    if "hooks" in data:
+        from kiso.runtime.command_hooks import parse_hooks
+
+        out["hooks"] = parse_hooks(path, data["hooks"])
     return out
 
 
@@ -347,6 +357,7 @@ def load_config(
             mode_source = str(path)
         merged["models"].update(layer.pop("models", {}))
         merged.setdefault("subagent_checks", {}).update(layer.pop("subagent_checks", {}))
+        merged["hooks"] = (*merged.get("hooks", ()), *layer.pop("hooks", ()))
         merged.update(layer)
     if env.get("KISO_MODEL"):
         merged["model"] = env["KISO_MODEL"]
@@ -380,4 +391,5 @@ def load_config(
         subagent_checks=merged.get("subagent_checks", {}),
         files=tuple(files),
         mode_source=mode_source,
+        hooks=merged["hooks"],
     )
