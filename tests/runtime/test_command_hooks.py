@@ -110,16 +110,35 @@ def test_exit_2_denies_and_the_model_reads_the_hooks_stderr(tmp_path: Path, ws: 
 
 
 def test_json_ask_puts_the_call_to_a_person(tmp_path: Path, ws: Path) -> None:
+    said = Reports()
     raw = {"before_tool": [{"command": """echo '{"decision": "ask", "reason": "looks risky"}'"""}]}
-    a = agent(
-        tmp_path, [shell("touch made.txt"), {"text": "ok"}], hooks(ws, raw, Reports()), "bypass"
-    )
+    a = agent(tmp_path, [shell("touch made.txt"), {"text": "ok"}], hooks(ws, raw, said), "bypass")
     with a.session("s1") as s:
         kinds = [e.type for e in s.run_sync("go")]
         (asked,) = [e for e in s.events if isinstance(e, ApprovalRequested)]
     assert kinds[-1] == "paused"
     assert asked.speaker.startswith("hook:before_tool[0]:echo")
+    assert said.lines == [f"{asked.speaker} asks about this shell call: looks risky"]
     assert not (ws / "made.txt").exists()
+
+
+def test_a_call_with_a_verdict_on_disk_is_never_put_to_the_hook_again(
+    tmp_path: Path, ws: Path
+) -> None:
+    count = ws / "count"
+    raw = {"before_tool": [{"command": f'echo ran >> {count}; echo \'{{"decision": "ask"}}\''}]}
+    turns = [shell("echo hi > out.txt"), {"text": "ok"}]
+    with agent(tmp_path, turns, hooks(ws, raw, Reports()), "bypass").session("s1") as s:
+        assert [e.type for e in s.run_sync("go")][-1] == "paused"
+    assert count.read_text() == "ran\n"
+    again = agent(tmp_path, turns, hooks(ws, raw, Reports()), "bypass")  # a new process
+    with again.session("s1") as s:
+        kinds = [e.type for e in s.resume_sync()]
+        assert kinds[-1] == "paused" and count.read_text() == "ran\n"  # asked again, not re-run
+        (asked,) = [e for e in s.events if isinstance(e, ApprovalRequested)]
+        s.approve(asked.call_id)
+        assert [e.type for e in s.resume_sync()][-1] == "terminal"
+    assert (ws / "out.txt").read_text() == "hi\n" and count.read_text() == "ran\n"
 
 
 def test_a_hook_saying_allow_cannot_allow_what_the_mode_asks_about(

@@ -387,7 +387,9 @@ class BeforeToolHook(_CommandHook):
         extra = {"KISO_SESSION_ID": ctx.session_id, "KISO_RUN_ID": ctx.run_id, **_tool_vars(call)}
         run = self.runner.run(self.spec, event, extra)
         verdict, warning = before_tool_verdict(self.name, run, self.spec.timeout)
-        if warning is not None:
+        if warning is None and verdict is not None and verdict.decision == "ask":
+            warning = f"{self.name} asks about this {call.name} call: {verdict.reason}"
+        if warning is not None:  # the question's panel has no room for why: said beside it
             self.runner.report(warning)
         if len(self._said) >= 256:
             self._said.clear()
