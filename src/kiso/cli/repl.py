@@ -53,6 +53,7 @@ from kiso.kernel import (
 from kiso.providers.registry import cost, lookup
 from kiso.runtime import Session, release, stream
 from kiso.runtime.approvals import check_mode
+from kiso.runtime.command_hooks import route_reports
 from kiso.runtime.context import Ledger, ledger
 from kiso.runtime.prompt import estimate_tokens
 from kiso.runtime.session import check_prompt_fits
@@ -248,6 +249,9 @@ class Repl:
         self.wake = asyncio.Event()
         self.exiting: int | None = None
         self.meter = Meter()
+        self.hook_notes: list[str] = []
+        """What the config's command hooks said out loud (failures), shown above the prompt."""
+        route_reports(setup.agent.hooks.hooks, self.hook_notes.append)
         self.screen: Screen
 
     # ------------------------------------------------------------------ facts
@@ -546,6 +550,7 @@ class Repl:
             self.cards.clear()
             if rest:
                 await self.screen.show(markdown(rest))
+            await self.show_hook_notes()  # a run_end hook's, after the run's last event
             self.update_meter()
             self.screen.refresh()
 
@@ -559,7 +564,12 @@ class Repl:
         if rest:
             await self.screen.show(markdown(rest))
 
+    async def show_hook_notes(self) -> None:
+        while self.hook_notes:
+            await self.screen.show(warning_text(f"⚠ {self.hook_notes.pop(0)}"))
+
     async def handle(self, ev: stream.RunEvent) -> None:
+        await self.show_hook_notes()
         show = self.screen.show
         ws = self.setup.workspace
         assert self.session is not None
@@ -1042,6 +1052,7 @@ class Repl:
             before.strip_env,
         )  # the model in use stays (a /model switch is the session's own setting)
         self.setup = dataclasses.replace(new, resolved=old.resolved)
+        route_reports(agent.hooks.hooks, self.hook_notes.append)
         if old.mcp is not None:  # the new set's servers are running: stop the old ones
             await asyncio.to_thread(old.mcp.close)
         if self.session is not None:

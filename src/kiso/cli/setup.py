@@ -19,6 +19,7 @@ from pathlib import Path
 from kiso.kernel import JsonlSessionStore, SessionNotFoundError, UsageError, ascii_int, kiso_home
 from kiso.mcp import McpManager, load_configs, load_mcp
 from kiso.runtime import Agent, Session
+from kiso.runtime.command_hooks import CommandHooks
 from kiso.runtime.config import (
     MAX_WINDOW,
     MIN_WINDOW,
@@ -163,6 +164,9 @@ def prepare(
             text = f"{text}\n\n{SKILLS_HEADER}\n{index}" if text else f"{SKILLS_HEADER}\n{index}"
         offered = [*tools, *extensions.tools()]
         hooks = list(extensions.hooks())
+        commands = CommandHooks(config.hooks, workspace=ws, strip_env=resolved.strip_env)
+        hooks += commands.hooks  # config's command hooks (docs/extensions.md): constrain-only
+        notices += commands.notices()
         if role is not None:  # allowed without asking: the human approved the delegation
             offered = role.restrict(offered)
             hooks.append(role.hook(offered))

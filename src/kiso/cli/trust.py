@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kiso.kernel import KisoError, kiso_home
+from kiso.runtime.command_hooks import describe_hooks
 from kiso.runtime.trust import Snapshot, Status, TrustCheck, TrustStore, check
 
 __all__ = ["ask_on_terminal", "describe", "trust_command"]
@@ -44,6 +45,8 @@ def describe(snapshot: Snapshot, *, show_config: bool = True) -> list[str]:
         if show_config and raw is not None and len(raw) <= _SHOW_LIMIT and entry.path in _SHOWN:
             text = raw.decode("utf-8", "replace")
             lines += [f"  │ {_printable(line)}" for line in text.splitlines()]
+        if entry.path == "config.json" and raw is not None:  # commands it would run, always said
+            lines += [f"  ! runs the hook {_printable(h)}" for h in describe_hooks(raw)]
     return lines
 
 

@@ -33,13 +33,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from kiso.kernel import UsageError
 from kiso.runtime.approvals import MODES
 from kiso.tools.sandbox import MODES as SANDBOX_MODES
 from kiso.tools.sandbox import SandboxPolicy, stricter
+
+if TYPE_CHECKING:
+    from kiso.runtime.command_hooks import CommandHookSpec
 
 __all__ = [
     "KINDS",
@@ -79,6 +82,7 @@ _TOP_KEYS = {
     "autoCompact",
     "updateCheck",
     "sandbox",
+    "hooks",
 }
 _USER_ONLY = {
     "floor": "the catastrophe floor",
@@ -150,6 +154,8 @@ class Config:
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
     """The OS sandbox for commands (docs/sandbox.md): ``"sandbox"`` in the user config,
     ``KISO_SANDBOX``, ``--sandbox``; a project config may only make it stricter."""
+    hooks: tuple[CommandHookSpec, ...] = ()
+    """``hooks``: the command hooks, the user's then the project's (docs/extensions.md)."""
 
 
 def _read(path: Path, raw: bytes | None = None) -> dict[str, Any] | None:
@@ -278,6 +284,10 @@ def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, 
         if not isinstance(data["updateCheck"], bool):
             raise ConfigError(f"{path}: updateCheck: must be true or false")
         out["update_check"] = data["updateCheck"]
+    if "hooks" in data:
+        from kiso.runtime.command_hooks import parse_hooks
+
+        out["hooks"] = parse_hooks(path, data["hooks"])
     return out
 
 
@@ -412,6 +422,7 @@ def load_config(
             tighter = layer.pop("sandbox")
         merged["models"].update(layer.pop("models", {}))
         merged.setdefault("subagent_checks", {}).update(layer.pop("subagent_checks", {}))
+        merged["hooks"] = (*merged.get("hooks", ()), *layer.pop("hooks", ()))
         merged.update(layer)
     if env.get("KISO_MODEL"):
         merged["model"] = env["KISO_MODEL"]
@@ -449,6 +460,7 @@ def load_config(
         files=tuple(files),
         mode_source=mode_source,
         sandbox=merged["sandbox"],
+        hooks=merged["hooks"],
     )
 
 

@@ -37,6 +37,9 @@ hook that raises there counts as an ask, so a broken policy never decides silent
 raises anywhere else ends the run with an ``error`` outcome naming it (code ``hook_failed``). A
 verdict is written to the log with the hook's name as ``decided_by``; a call with a verdict on disk
 is never put to the hooks again, even after a crash.
+
+Shell commands from config (``hooks`` in ``config.json``) plug in at ``before_tool``,
+``after_tool`` and ``on_run_end`` as constrain-only hooks: :mod:`kiso.runtime.command_hooks`.
 """
 
 from __future__ import annotations

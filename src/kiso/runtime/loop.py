@@ -309,7 +309,10 @@ def _verdict(run: Run, run_id: str, call: ToolCall) -> Verdict:
     chain = agent.hooks.tool_hooks
     verdict = compose(chain, ctx, unattended=mode == "dontAsk")
     if verdict.decision == "ask" and session.headless:
-        return Verdict("deny", "headless", _headless_reason(allowing_modes(chain, ctx)))
+        reason = _headless_reason(allowing_modes(chain, ctx))
+        if verdict.reason and verdict.by.startswith("hook:"):  # a command hook says why
+            reason = f"{reason} ({verdict.by} asked: {verdict.reason})"
+        return Verdict("deny", "headless", reason)
     return verdict
 
 
