@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 from kiso.kernel import UsageError
 from kiso.runtime.approvals import MODES
+from kiso.runtime.permissions import Permissions, PermissionsError, parse_config
 
 __all__ = [
     "KINDS",
@@ -76,6 +77,7 @@ _TOP_KEYS = {
     "subagents",
     "autoCompact",
     "updateCheck",
+    "permissions",
 }
 _USER_ONLY = {
     "floor": "the catastrophe floor",
@@ -144,6 +146,9 @@ class Config:
     """The config files that were read, lowest precedence first."""
     mode_source: str = "default"
     """Where ``mode`` came from: "flag", "environment", a config file's path or "default"."""
+    permissions: Permissions = field(default_factory=Permissions)
+    """``permissions``: the user's rules, then a trusted project's (deny and ask only):
+    :mod:`kiso.runtime.permissions`. The flags' rules are added when a run is prepared."""
 
 
 def _read(path: Path, raw: bytes | None = None) -> dict[str, Any] | None:
@@ -270,6 +275,11 @@ def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, 
         if not isinstance(data["updateCheck"], bool):
             raise ConfigError(f"{path}: updateCheck: must be true or false")
         out["update_check"] = data["updateCheck"]
+    if "permissions" in data:
+        try:
+            out["permissions"] = parse_config(data["permissions"], str(path), project=project)
+        except PermissionsError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     return out
 
 
@@ -347,6 +357,9 @@ def load_config(
             mode_source = str(path)
         merged["models"].update(layer.pop("models", {}))
         merged.setdefault("subagent_checks", {}).update(layer.pop("subagent_checks", {}))
+        merged["permissions"] = merged.get("permissions", Permissions()).plus(
+            layer.pop("permissions", Permissions())
+        )
         merged.update(layer)
     if env.get("KISO_MODEL"):
         merged["model"] = env["KISO_MODEL"]
@@ -380,4 +393,5 @@ def load_config(
         subagent_checks=merged.get("subagent_checks", {}),
         files=tuple(files),
         mode_source=mode_source,
+        permissions=merged["permissions"],
     )
