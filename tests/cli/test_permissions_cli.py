@@ -290,3 +290,28 @@ def test_a_delegated_child_keeps_the_parents_disallowed_tools(tmp_path: Path) ->
     ]
     assert verdicts == [("denied", "permissions:deny:read_file(a.txt)")]  # the role allows it
     assert not any(e["type"] == "execution_started" for e in w.log(child))
+
+
+def test_a_tool_disallowed_whole_is_not_offered_to_the_model(tmp_path: Path) -> None:
+    from tests.providers.test_openai_compat import text_reply
+
+    with SSEServer([text_reply("fine"), text_reply("fine")]) as server:
+        user_config(
+            {
+                "model": "local",
+                "models": {
+                    "local": {
+                        "kind": "openai-compat",
+                        "model": "m",
+                        "baseUrl": server.url + "/v1",
+                        "apiKeyEnv": "LOCAL_TOKEN",
+                    }
+                },
+            }
+        )
+        plain = kiso(tmp_path, "-p", "hi", LOCAL_TOKEN="tok")
+        hidden = kiso(tmp_path, "-p", "hi", "--disallowed-tools", "shell", LOCAL_TOKEN="tok")
+        assert plain.returncode == 0 and hidden.returncode == 0, plain.stderr + hidden.stderr
+        offered = [[t["function"]["name"] for t in r.json["tools"]] for r in server.requests]
+    assert "shell" in offered[0] and "read_file" in offered[0]
+    assert offered[1] == [name for name in offered[0] if name != "shell"]
