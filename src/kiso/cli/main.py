@@ -49,6 +49,36 @@ PRINT_HELP = "Run one prompt with no UI. A bare -p, or -p -, reads the prompt fr
 APPEND_HELP = "Text added after the built-in system prompt."
 SYSTEM_FILE_HELP = "A file whose text replaces the built-in system prompt."
 CONTINUE_HELP = "Continue the most recent session of this directory."
+ALLOWED_HELP = (
+    "Tool patterns allowed without asking, comma- or space-separated, repeatable: "
+    '"shell(npm test),shell(git diff:*) edit_file(src/**)".'
+)
+DISALLOWED_HELP = "Tool patterns denied in every mode (a whole tool is not offered at all)."
+MAX_TURNS_HELP = "End a run with outcome max_turns after N model turns (default 50)."
+MAX_BUDGET_HELP = "End a run with outcome budget once it has cost X US dollars."
+
+
+class _Budget(click.ParamType):  # type: ignore[type-arg]
+    """A positive, finite number of US dollars."""
+
+    name = "USD"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            number = float(str(value))
+        except ValueError:
+            number = float("nan")
+        if not 0 < number < float("inf"):
+            self.fail(f"must be a positive number of US dollars, such as 0.50; got {value!r}")
+        return number
+
+
+BUDGET = _Budget()
+TURNS = click.IntRange(min=1)
 
 
 @click.group(
@@ -79,6 +109,18 @@ CONTINUE_HELP = "Continue the most recent session of this directory."
 @click.option("--append-system-prompt", metavar="TEXT", default=None, help=APPEND_HELP)
 @click.option("--system-prompt-file", type=PROMPT_FILE, default=None, help=SYSTEM_FILE_HELP)
 @click.option("--sandbox", type=SANDBOXES, default=None, help=SANDBOX_HELP)
+@click.option(
+    "--allowed-tools", "--allowedTools", "allowed_tools", multiple=True, help=ALLOWED_HELP
+)
+@click.option(
+    "--disallowed-tools",
+    "--disallowedTools",
+    "disallowed_tools",
+    multiple=True,
+    help=DISALLOWED_HELP,
+)
+@click.option("--max-turns", "max_turns", type=TURNS, default=None, help=MAX_TURNS_HELP)
+@click.option("--max-budget-usd", "max_budget_usd", type=BUDGET, default=None, help=MAX_BUDGET_HELP)
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -92,6 +134,10 @@ def cli(
     append_system_prompt: str | None,
     system_prompt_file: str | None,
     sandbox: str | None,
+    allowed_tools: tuple[str, ...] = (),
+    disallowed_tools: tuple[str, ...] = (),
+    max_turns: int | None = None,
+    max_budget_usd: float | None = None,
 ) -> None:
     """kiso: a durable coding agent. Every approval, tool result and event is on disk before it
     is acted on, so a session that is interrupted, crashes or is killed resumes where it was.
@@ -121,6 +167,10 @@ def cli(
         "append_system_prompt": append_system_prompt,
         "system_prompt_file": system_prompt_file,
         "sandbox": sandbox,
+        "allowed_tools": allowed_tools,
+        "disallowed_tools": disallowed_tools,
+        "max_turns": max_turns,
+        "max_budget_usd": max_budget_usd,
     }
     if ctx.invoked_subcommand is None:
         ctx.invoke(chat, session_id=None)
@@ -153,6 +203,26 @@ def _run_options(f: F) -> F:
             click.option(
                 "--sandbox", "sandbox_here", type=SANDBOXES, default=None, help=SANDBOX_HELP
             ),
+            click.option(
+                "--allowed-tools",
+                "--allowedTools",
+                "allowed_here",
+                multiple=True,
+                help=ALLOWED_HELP,
+            ),
+            click.option(
+                "--disallowed-tools",
+                "--disallowedTools",
+                "disallowed_here",
+                multiple=True,
+                help=DISALLOWED_HELP,
+            ),
+            click.option(
+                "--max-turns", "turns_here", type=TURNS, default=None, help=MAX_TURNS_HELP
+            ),
+            click.option(
+                "--max-budget-usd", "budget_here", type=BUDGET, default=None, help=MAX_BUDGET_HELP
+            ),
         )
     ):
         f = option(f)
@@ -162,7 +232,9 @@ def _run_options(f: F) -> F:
 class _Run:
     """What the command line says about a run: a subcommand's flag wins over the group's."""
 
-    def __init__(self, ctx: click.Context, here: dict[str, str | None]) -> None:
+    def __init__(
+        self, ctx: click.Context, here: dict[str, str | None], limits: _Limits | None = None
+    ) -> None:
         opts = dict(ctx.obj or {})
         self.model = here.get("model") or _str(opts.get("model"))
         self.mode = here.get("mode") or _str(opts.get("mode"))
@@ -175,7 +247,7 @@ class _Run:
             append = _str(opts.get("append_system_prompt"))
         system_file = here.get("system_file") or _str(opts.get("system_prompt_file"))
         sandbox = here.get("sandbox") or _str(opts.get("sandbox"))
-        self.options = _options(append, system_file, sandbox)
+        self.options = _options(append, system_file, _Limits.of(opts).then(limits), sandbox)
 
     def headless(
         self,
@@ -235,12 +307,67 @@ class _Run:
         return 1
 
 
-def _options(append: str | None, system_file: str | None, sandbox: str | None) -> RunOptions | None:
-    if append is None and system_file is None and sandbox is None:
+class _Limits:
+    """``--allowed-tools``, ``--disallowed-tools``, ``--max-turns``, ``--max-budget-usd``: the
+    patterns given before and after the command add up; a limit given after it wins."""
+
+    def __init__(
+        self,
+        allowed: tuple[str, ...] = (),
+        disallowed: tuple[str, ...] = (),
+        max_turns: int | None = None,
+        max_budget_usd: float | None = None,
+    ) -> None:
+        self.allowed, self.disallowed = allowed, disallowed
+        self.max_turns, self.max_budget_usd = max_turns, max_budget_usd
+
+    @classmethod
+    def of(cls, opts: dict[str, object]) -> _Limits:
+        allowed, disallowed = opts.get("allowed_tools"), opts.get("disallowed_tools")
+        turns, budget = opts.get("max_turns"), opts.get("max_budget_usd")
+        return cls(
+            tuple(str(v) for v in allowed) if isinstance(allowed, tuple) else (),
+            tuple(str(v) for v in disallowed) if isinstance(disallowed, tuple) else (),
+            turns if isinstance(turns, int) else None,
+            budget if isinstance(budget, float) else None,
+        )
+
+    def then(self, later: _Limits | None) -> _Limits:
+        if later is None:
+            return self
+        return _Limits(
+            self.allowed + later.allowed,
+            self.disallowed + later.disallowed,
+            later.max_turns or self.max_turns,
+            later.max_budget_usd or self.max_budget_usd,
+        )
+
+    def given(self) -> bool:
+        return bool(self.allowed or self.disallowed) or (
+            self.max_turns is not None or self.max_budget_usd is not None
+        )
+
+
+def _options(
+    append: str | None, system_file: str | None, limits: _Limits, sandbox: str | None
+) -> RunOptions | None:
+    if append is None and system_file is None and not limits.given() and sandbox is None:
         return None
     from kiso.cli.setup import RunOptions
+    from kiso.runtime.permissions import PermissionsError, parse_flags
 
-    return RunOptions(append_system_prompt=append, system_prompt_file=system_file, sandbox=sandbox)
+    try:
+        permissions = parse_flags(limits.allowed, limits.disallowed)
+    except PermissionsError as exc:
+        raise click.UsageError(str(exc)) from None
+    return RunOptions(
+        append_system_prompt=append,
+        system_prompt_file=system_file,
+        permissions=permissions,
+        max_turns=limits.max_turns,
+        max_budget_usd=limits.max_budget_usd,
+        sandbox=sandbox,
+    )
 
 
 @cli.command()
@@ -270,6 +397,10 @@ def chat(
     append_here: str | None = None,
     system_file_here: str | None = None,
     sandbox_here: str | None = None,
+    allowed_here: tuple[str, ...] = (),
+    disallowed_here: tuple[str, ...] = (),
+    turns_here: int | None = None,
+    budget_here: float | None = None,
 ) -> None:
     """The interactive session (or print mode with -p). SESSION_ID may be the first prompt
     instead, when it is several words."""
@@ -285,6 +416,7 @@ def chat(
             "system_file": system_file_here,
             "sandbox": sandbox_here,
         },
+        _Limits(allowed_here, disallowed_here, turns_here, budget_here),
     )
     latest = continue_here or run.resume_latest
     first_prompt = None
@@ -338,7 +470,11 @@ def resume(
     resolve_here: str | None,
     append_here: str | None,
     system_file_here: str | None,
-    sandbox_here: str | None,
+    sandbox_here: str | None = None,
+    allowed_here: tuple[str, ...] = (),
+    disallowed_here: tuple[str, ...] = (),
+    turns_here: int | None = None,
+    budget_here: float | None = None,
 ) -> None:
     """Continue a session: with no id, pick one; headless when stdin is not a terminal. A
     PROMPT of - reads the prompt from stdin, as -p - does."""
@@ -353,6 +489,7 @@ def resume(
             "system_file": system_file_here,
             "sandbox": sandbox_here,
         },
+        _Limits(allowed_here, disallowed_here, turns_here, budget_here),
     )
     _check_usage(session_id, run.mode)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()

@@ -10,8 +10,11 @@ the mode its log recorded unless ``--mode``/``KISO_MODE`` says otherwise; the he
 ``--output-format``: ``text`` (the final answer alone on stdout, once the run is over; the header,
 what the model said before its tool calls, tool names, denials and notes on stderr), ``json`` (one
 result object), ``stream-json`` (the runtime's JSON form of every run event, one per line — see
-docs/runtime.md — then the result). The result carries the session id, the outcome, the answer,
-the provider's token counts and the cost (null when the model has no dated price).
+docs/runtime.md — then the result). The result carries the session id, the outcome (and Claude
+Code's ``subtype``: ``success``, ``error_max_turns``, ``error_max_budget_usd``,
+``error_during_execution``), the answer, the provider's token counts, the cost (``cost`` and
+``total_cost_usd``; null when the model has no dated price), the model turns (``turns`` and
+``num_turns``) and the denied calls (``permission_denials``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kiso.kernel import (
+    ApprovalDecided,
     Assistant,
     Event,
     KisoError,
@@ -74,6 +78,9 @@ def run_headless(
 
     began = time.monotonic()
     out = _Output(output_format)
+    out.limits = (
+        (options.max_turns, options.max_budget_usd) if options is not None else (None, None)
+    )
     setup = None
     try:
         setup = prepare(model=model, mode=mode, options=options)
@@ -175,6 +182,8 @@ class _Output:
         """text: the last answer-like turn's text, printed on stderr if a later turn follows."""
         self.watch = _reader_watch() if kind != "stream-json" else None
         """text and json write stdout only at the end: a poller notices a reader gone before."""
+        self.limits: tuple[int | None, float | None] = (None, None)
+        """``--max-turns`` and ``--max-budget-usd``, to say which limit ended a run."""
 
     def _gone(self) -> None:
         self.closed = True
@@ -256,7 +265,8 @@ class _Output:
             ):
                 self._echo(ev.describe(), err=True)
             elif isinstance(ev, stream.Terminal) and ev.outcome.kind != "completed":
-                self._echo(f"kiso: the run did not complete: {_why(ev.outcome)}", err=True)
+                why = _why(ev.outcome, self.limits)
+                self._echo(f"kiso: the run did not complete: {why}", err=True)
 
     def result(
         self,
@@ -282,11 +292,15 @@ class _Output:
             "outcome": outcome.to_json() if outcome else None,
             "is_error": code != 0,
             "result": summary["answer"],
+            "subtype": _subtype(outcome),
             "usage": summary["usage"],
             "cost": summary["cost"],
+            "total_cost_usd": summary["cost"],
             "turns": summary["turns"],
+            "num_turns": summary["turns"],
             "duration_ms": int((time.monotonic() - began) * 1000),
             "state": session.state.value,
+            "permission_denials": summary["denials"],
         }
         self._line(result)
 
@@ -312,8 +326,30 @@ def _reader_watch() -> select.poll | None:
     return watch
 
 
-def _why(outcome: Outcome) -> str:
+def _why(outcome: Outcome, limits: tuple[int | None, float | None] = (None, None)) -> str:
+    turns, budget = limits
+    if outcome.kind == "max_turns":
+        said = f"--max-turns {turns}" if turns is not None else "the default limit, 50"
+        return f"max_turns: it reached its limit of model turns ({said})"
+    if outcome.kind == "budget":
+        said = f" (--max-budget-usd {budget:g})" if budget is not None else ""
+        return f"budget: its cost reached the budget{said}"
     return outcome.message or outcome.kind
+
+
+_SUBTYPES = {
+    "completed": "success",
+    "max_turns": "error_max_turns",
+    "budget": "error_max_budget_usd",
+}
+
+
+def _subtype(outcome: Outcome | None) -> str:
+    """Claude Code's ``subtype``: ``success``, ``error_max_turns``, ``error_max_budget_usd``,
+    else ``error_during_execution`` (an error, an abort, or no run ended)."""
+    if outcome is None:
+        return "error_during_execution"
+    return _SUBTYPES.get(outcome.kind, "error_during_execution")
 
 
 def _summary(events: list[Event]) -> dict[str, Any]:
@@ -336,6 +372,17 @@ def _summary(events: list[Event]) -> dict[str, Any]:
         f"tokens · cost {'unknown' if spent is None else f'${spent:.4f}'}"
     )
     answer = next((t.text for t in reversed(turns) if t.text), "")
+    calls = {c.call_id: c for t in turns for c in t.calls}
+    denials = [
+        {
+            "tool_name": calls[e.call_id].name if e.call_id in calls else None,
+            "tool_use_id": e.call_id,
+            "tool_input": calls[e.call_id].input if e.call_id in calls else None,
+            "decided_by": e.decided_by,
+        }
+        for e in events
+        if isinstance(e, ApprovalDecided) and e.decision == "denied"
+    ]
     return {
         "usage": totals,
         "cost": spent,
@@ -343,6 +390,7 @@ def _summary(events: list[Event]) -> dict[str, Any]:
         "runs": runs,
         "line": line,
         "answer": answer,
+        "denials": denials,
     }
 
 

@@ -31,6 +31,7 @@ from kiso.runtime.config import (
 from kiso.runtime.context import LEARNED_FILE, Window
 from kiso.runtime.extensions import ExtensionSet, load_cascade
 from kiso.runtime.models import ResolvedModel, build_adapter, resolve_model
+from kiso.runtime.permissions import Permissions
 from kiso.runtime.prompt import SystemPrompt, build_system_prompt
 from kiso.runtime.skills import Skill, discover_skills, read_skill_tool, skills_prompt
 from kiso.runtime.subagent_role import ChildRole, child_role
@@ -56,6 +57,12 @@ class RunOptions:
     """``--system-prompt-file FILE``: its text replaces the built-in system prompt."""
     sandbox: str | None = None
     """``--sandbox MODE``: the OS sandbox for commands (docs/sandbox.md)."""
+    permissions: Permissions = field(default_factory=Permissions)
+    """``--allowed-tools`` and ``--disallowed-tools``, parsed: added to the config's rules."""
+    max_turns: int | None = None
+    """``--max-turns N``: a run ends with outcome ``max_turns`` after N model turns."""
+    max_budget_usd: float | None = None
+    """``--max-budget-usd X``: a run ends with outcome ``budget`` once it has cost X dollars."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +145,10 @@ def prepare(
         notices.append("skills: " + ", ".join(f"{k.name} ({k.source})" for k in found.skills))
     if config.tasks:
         tools.append(update_tasks_tool())
+    run = options or RunOptions()
     if role is None and config.subagents:
-        tools.append(delegate_tool(checks=config.subagent_checks, model=model))
+        denied = [r.pattern.text for r in run.permissions.rules if r.kind == "deny"]
+        tools.append(delegate_tool(checks=config.subagent_checks, model=model, disallowed=denied))
     if asker is not None:  # nobody can answer in a headless run: not offered at all
         tools += interactive_tools(asker)
     mcp = None
@@ -163,6 +172,8 @@ def prepare(
         if index:
             text = f"{text}\n\n{SKILLS_HEADER}\n{index}" if text else f"{SKILLS_HEADER}\n{index}"
         offered = [*tools, *extensions.tools()]
+        permissions = config.permissions.plus(run.permissions)
+        notices += permissions.unknown(t.name for t in offered)
         hooks = list(extensions.hooks())
         commands = CommandHooks(config.hooks, workspace=ws, strip_env=resolved.strip_env)
         hooks += commands.hooks  # config's command hooks (docs/extensions.md): constrain-only
@@ -170,8 +181,11 @@ def prepare(
         if role is not None:  # allowed without asking: the human approved the delegation
             offered = role.restrict(offered)
             hooks.append(role.hook(offered))
+        adapter = build_adapter(resolved)
+        if run.max_budget_usd is not None:
+            _check_priced(adapter.model, run.max_budget_usd)
         agent = Agent(
-            adapter=build_adapter(resolved),
+            adapter=adapter,
             tools=offered,
             store=JsonlSessionStore(home),
             workspace=ws,
@@ -185,6 +199,9 @@ def prepare(
             window=context_window(resolved, home),
             auto_compact=config.auto_compact,
             sandbox=sandbox,
+            permissions=permissions,
+            max_turns=run.max_turns or 50,
+            max_budget_usd=run.max_budget_usd,
         )
         if role is None:  # rules written without a scope: said once (a subagent's parent did)
             notices += unscoped_notices(agent.rules, ws)
@@ -207,6 +224,18 @@ def prepare(
         flags=(model, mode),
         subagent=role,
     )
+
+
+def _check_priced(model: str, budget: float) -> None:
+    """A budget needs a price: refuse to start rather than run with a limit nobody can keep."""
+    from kiso.providers.registry import lookup
+
+    if lookup(model).price is None:
+        raise UsageError(
+            f"--max-budget-usd {budget:g}: the model {model} has no known price in kiso's model "
+            f"registry, so its cost cannot be metered and the budget cannot be enforced; drop "
+            f"--max-budget-usd or use a model with a price (--max-turns still limits the run)"
+        )
 
 
 SKILLS_HEADER = (

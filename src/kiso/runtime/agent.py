@@ -40,6 +40,7 @@ from kiso.runtime.approvals import (
 )
 from kiso.runtime.context import Window
 from kiso.runtime.hooks import Hook, HookChain, Policy
+from kiso.runtime.permissions import Permissions, permission_hooks
 from kiso.runtime.rules import RULES_FILE, RulesFile
 from kiso.runtime.session import Session
 from kiso.tools.base import Tool
@@ -77,6 +78,8 @@ class Agent:
         window: Window | int | None = None,
         auto_compact: bool = True,
         sandbox: SandboxPolicy | Sandbox | None = None,
+        permissions: Permissions | None = None,
+        max_budget_usd: float | None = None,
     ) -> None:
         self.adapter: Adapter = adapter if adapter is not None else _default_adapter(model)
         names = [t.name for t in tools]
@@ -89,7 +92,11 @@ class Agent:
         self.mode = check_mode(mode)
         self.workspace = Path(os.path.realpath(workspace if workspace is not None else os.getcwd()))
         self.profile = profile
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise UsageError(f"max_turns must be a positive whole number, not {max_turns!r}")
         self.max_turns = max_turns
+        if max_budget_usd is not None and not 0 < max_budget_usd < float("inf"):
+            raise UsageError(f"max_budget_usd must be a positive number, not {max_budget_usd!r}")
         self.max_retries = max_retries
         self.retry_base_delay = retry_base_delay
         self.idle_timeout = idle_timeout
@@ -104,18 +111,28 @@ class Agent:
                 f"rules must be a RulesFile or the path of a rules file, not {type(rules).__name__}"
             )
         self.floor = floor
+        self.permissions = permissions or Permissions()
+        """The ``permissions`` rules (allow, ask, deny): :mod:`kiso.runtime.permissions`."""
+        self.max_budget_usd = max_budget_usd
+        """A run ends with outcome ``budget`` once its cost reaches this (checked between turns)."""
         self.hooks = HookChain(
             [
                 FloorHook(floor),
                 ModeHook(),
                 RulesHook(self.rules),
                 SandboxHook(lambda: self.sandbox),
+                *permission_hooks(self.permissions),
                 *as_hooks(policies),
                 *hooks,
             ]
         )
-        """Every hook point's hooks: the floor, the mode and the rules first, then the agent's."""
-        self._specs = [ToolSpec(t.name, t.description, t.parameters) for t in tools]
+        """Every hook point's hooks: the floor, the mode, the rules and the permissions first,
+        then the agent's."""
+        self._specs = [  # a tool denied whole is not offered (a call to it is still denied)
+            ToolSpec(t.name, t.description, t.parameters)
+            for t in tools
+            if not self.permissions.hides(t.name)
+        ]
         self.home = Path(home) if home is not None else Path.home()
         self.strip_env = tuple(strip_env)
         self.trigger: Trigger = trigger
@@ -202,8 +219,14 @@ class Agent:
         from kiso.runtime.offers import approval_offer
         from kiso.runtime.rules import project_of
 
-        offer = approval_offer(call, self.tool(call.name), self.workspace, self.home)
-        return replace(offer, project=project_of(self.workspace))
+        tool = self.tool(call.name)
+        offer = approval_offer(call, tool, self.workspace, self.home)
+        offer = replace(offer, project=project_of(self.workspace))
+        asks = self.permissions.first("ask", call, tool, self.workspace, self.home)
+        if asks is not None and offer.rule is not None:  # a rule could never stop the asking
+            why = f"the permission rule {asks.pattern.text} ({asks.said}) always asks"
+            return replace(offer, rule=None, no_rule_because=why)
+        return offer
 
     def input_problem(self, tool: Tool, value: dict[str, Any]) -> str | None:
         """Why ``value`` does not fit the tool's schema, or None."""

@@ -1,7 +1,9 @@
 """The approval chain: ``before_tool`` hooks that allow, deny, ask or abstain; deny > allow > ask.
 
 The chain for a call is: the catastrophe floor (:class:`FloorHook`, deny only, in every mode),
-the session's mode (:class:`ModeHook`), the "don't ask again" rules (:class:`RulesHook`), then
+the session's mode (:class:`ModeHook`), the "don't ask again" rules (:class:`RulesHook`), the
+declarative permissions (:class:`PermissionsHook` for deny and ask, which only tighten, and
+:class:`PermissionsAllowHook`; :mod:`kiso.runtime.permissions`), then
 the agent's own hooks and policies (:mod:`kiso.runtime.hooks`): built-ins plug in exactly as
 extensions do. Every hook sees every call; the composition takes the first deny, else the first
 allow, else the first ask (its hook is the "speaker" of the question). A hook that raises counts
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from kiso.kernel import UsageError
 from kiso.runtime.hooks import CallContext, Hook, Policy, PolicyHook, Verdict
+from kiso.runtime.permissions import PermissionsAllowHook, PermissionsHook
 from kiso.runtime.rules import PROTECTED_DIRS, RulesFile
 from kiso.tools.base import Effects
 from kiso.tools.sandbox import Sandbox
@@ -40,6 +43,8 @@ __all__ = [
     "CallContext",
     "FloorHook",
     "ModeHook",
+    "PermissionsAllowHook",
+    "PermissionsHook",
     "Policy",
     "RulesHook",
     "SandboxHook",

@@ -43,6 +43,7 @@ from kiso.tools.sandbox import SandboxPolicy, stricter
 
 if TYPE_CHECKING:
     from kiso.runtime.command_hooks import CommandHookSpec
+from kiso.runtime.permissions import Permissions, PermissionsError, parse_config
 
 __all__ = [
     "KINDS",
@@ -83,6 +84,7 @@ _TOP_KEYS = {
     "updateCheck",
     "sandbox",
     "hooks",
+    "permissions",
 }
 _USER_ONLY = {
     "floor": "the catastrophe floor",
@@ -156,6 +158,9 @@ class Config:
     ``KISO_SANDBOX``, ``--sandbox``; a project config may only make it stricter."""
     hooks: tuple[CommandHookSpec, ...] = ()
     """``hooks``: the command hooks, the user's then the project's (docs/extensions.md)."""
+    permissions: Permissions = field(default_factory=Permissions)
+    """``permissions``: the user's rules, then a trusted project's (deny and ask only):
+    :mod:`kiso.runtime.permissions`. The flags' rules are added when a run is prepared."""
 
 
 def _read(path: Path, raw: bytes | None = None) -> dict[str, Any] | None:
@@ -288,6 +293,11 @@ def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, 
         from kiso.runtime.command_hooks import parse_hooks
 
         out["hooks"] = parse_hooks(path, data["hooks"])
+    if "permissions" in data:
+        try:
+            out["permissions"] = parse_config(data["permissions"], str(path), project=project)
+        except PermissionsError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     return out
 
 
@@ -423,6 +433,9 @@ def load_config(
         merged["models"].update(layer.pop("models", {}))
         merged.setdefault("subagent_checks", {}).update(layer.pop("subagent_checks", {}))
         merged["hooks"] = (*merged.get("hooks", ()), *layer.pop("hooks", ()))
+        merged["permissions"] = merged.get("permissions", Permissions()).plus(
+            layer.pop("permissions", Permissions())
+        )
         merged.update(layer)
     if env.get("KISO_MODEL"):
         merged["model"] = env["KISO_MODEL"]
@@ -461,6 +474,7 @@ def load_config(
         mode_source=mode_source,
         sandbox=merged["sandbox"],
         hooks=merged["hooks"],
+        permissions=merged["permissions"],
     )
 
 

@@ -58,6 +58,7 @@ from kiso.kernel import (
     ThinkingBlock,
     ToolCall,
     UsageError,
+    billed,
     input_sha256,
 )
 from kiso.kernel.events import ERROR_KINDS, AssistantBlock
@@ -95,6 +96,21 @@ class Run:
         """Events before this index have been reported (or were there before the run)."""
         self.ended: tuple[str, Outcome] | None = None
         """The run and its outcome, once ``run_ended`` is durable."""
+        self._spent: float | None = 0.0
+        self._priced = 0
+
+    def cost(self, run_id: str) -> float | None:
+        """Dollars the model requests of run ``run_id`` cost so far (its turns and compaction
+        summaries), or None once one of them has no known cost."""
+        from kiso.providers.registry import cost
+
+        events = self.session.events
+        mine = [e for e in events[self._priced :] if getattr(e, "run", None) == run_id]
+        self._priced = len(events)
+        for model, usage in billed(mine):
+            paid = cost(model, usage)
+            self._spent = None if paid is None or self._spent is None else self._spent + paid
+        return self._spent
 
     @functools.cached_property
     def child_env(self) -> Mapping[str, str]:
@@ -142,6 +158,10 @@ async def drive(
                 if isinstance(action, CallModel):
                     if state.run_turns >= agent.max_turns:
                         yield await _end(run, run_id, Outcome("max_turns"))
+                        break
+                    spent = _over_budget(run, run_id)
+                    if spent is not None:
+                        yield await _end(run, run_id, spent)
                         break
                     await asyncio.sleep(0)  # a step boundary: other sessions and timers run
                     async for item in maybe_compact(session, run_id, run.abort):
@@ -191,6 +211,22 @@ async def drive(
         ended_run, ended = run.ended
         _observe(run, ended_run)
         agent.hooks.on_run_end(ended, run.info(ended_run))
+
+
+def _over_budget(run: Run, run_id: str) -> Outcome | None:
+    """``budget`` once the run's cost reaches ``agent.max_budget_usd`` (between turns, never
+    mid-tool); an error when a turn's cost cannot be known, since the budget cannot be kept."""
+    limit = run.agent.max_budget_usd
+    if limit is None:
+        return None
+    spent = run.cost(run_id)
+    if spent is None:
+        return Outcome.error(
+            "cost_unknown",
+            "the run's cost cannot be known (a model turn came without token counts or with a "
+            "model that has no price), so --max-budget-usd cannot be kept; the run was stopped",
+        )
+    return Outcome("budget") if spent >= limit else None
 
 
 def _observe(run: Run, run_id: str | None = None) -> None:

@@ -171,13 +171,21 @@ def worktree_path(home: Path, child: str) -> Path:
     return home / "worktrees" / child
 
 
-def delegate_tool(*, checks: Mapping[str, str] | None = None, model: str | None = None) -> Tool:
+def delegate_tool(
+    *,
+    checks: Mapping[str, str] | None = None,
+    model: str | None = None,
+    disallowed: Sequence[str] = (),
+) -> Tool:
     """The ``delegate`` tool. ``checks``: the acceptance checks config defines (name to
-    command); ``model``: the ``--model`` the parent was started with, passed to every child."""
+    command); ``model``: the ``--model`` the parent was started with, passed to every child;
+    ``disallowed``: the parent's ``--disallowed-tools`` patterns, passed on too (a child reads
+    the config's ``permissions`` itself)."""
     defined = dict(checks or {})
+    denied = tuple(disallowed)
 
     def execute(input: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        return _Delegation(ctx, defined, model).run(input)
+        return _Delegation(ctx, defined, model, denied).run(input)
 
     return define_tool(
         "delegate",
@@ -208,10 +216,17 @@ class _Report:
 class _Delegation:
     """One execution of ``delegate``."""
 
-    def __init__(self, ctx: ToolContext, checks: dict[str, str], model: str | None) -> None:
+    def __init__(
+        self,
+        ctx: ToolContext,
+        checks: dict[str, str],
+        model: str | None,
+        disallowed: tuple[str, ...] = (),
+    ) -> None:
         self.ctx = ctx
         self.checks = checks
         self.model = model
+        self.disallowed = disallowed
         self.home = kiso_home()
         self.git_lock = threading.Lock()
         self.fds: tuple[int, ...] = ()
@@ -467,6 +482,8 @@ class _Delegation:
         argv += ["--mode", "default", "--output-format", "json"]
         if self.model:
             argv += ["--model", self.model]
+        for pattern in self.disallowed:
+            argv += ["--disallowed-tools", pattern]
         return argv
 
     def _prompt_path(self, task: _Task) -> Path:
