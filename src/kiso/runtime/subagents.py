@@ -484,6 +484,8 @@ class _Delegation:
             argv += ["--model", self.model]
         for pattern in self.disallowed:
             argv += ["--disallowed-tools", pattern]
+        # the child's commands are contained as the parent's are (docs/sandbox.md)
+        argv += ["--sandbox", self.ctx.sandbox.mode if self.ctx.sandbox is not None else "off"]
         return argv
 
     def _prompt_path(self, task: _Task) -> Path:
