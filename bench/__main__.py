@@ -13,6 +13,7 @@ from bench import (
     load,
     replicas,
     runtime,
+    sandbox,
     server,
     size,
     startup,
@@ -33,6 +34,7 @@ def main() -> None:
         startup.run(3)
         kml.run(100_000, 1)
         executer.run(100, 1)
+        sandbox.run(10)
         concurrency.run(5, 3, repeat=1)
         server.run(40, 40, 4)
         tunnel.run(200)
@@ -45,6 +47,7 @@ def main() -> None:
         startup.run(15)
         kml.run()
         executer.run()
+        sandbox.run()
         concurrency.run(50, 20, repeat=3)
         server.run()
         tunnel.run()
