@@ -249,3 +249,18 @@ def test_a_subagent_worktree_inside_kiso_home_stays_usable(box: dict[str, Path])
     )
     assert (tree / "done").read_text() == "ok\n"
     assert SECRET not in out.output
+
+
+def test_credentials_stay_hidden_when_the_workspace_is_the_home(box: dict[str, Path]) -> None:
+    env = env_for(box)
+    sandbox = Sandbox.for_workspace(SandboxPolicy(), box["home"], environ=env)
+    assert sandbox is not None
+    out = run_command(
+        "cat ~/.ssh/id_ed25519; echo new > notes.txt",
+        cwd=box["home"],
+        env=env,
+        timeout_ms=60_000,
+        sandbox=sandbox,
+    )
+    assert SECRET not in out.output
+    assert (box["home"] / "notes.txt").read_text() == "new\n"

@@ -292,7 +292,7 @@ def _inside(parent: Path, path: Path) -> bool:
 def _hide(path: Path, ws: Path, out: list[Path]) -> None:
     """Add ``path`` to what is hidden; when the workspace is inside it (a subagent's worktree
     under ``$KISO_HOME``), hide everything in it except the way to the workspace."""
-    if path in out or _inside(ws, path):
+    if path in out:
         return
     if not _inside(path, ws):
         out.append(path)
