@@ -109,7 +109,7 @@ class ToolContext:
     thread). What the model reads is still the returned result."""
     fds: tuple[int, ...] | Callable[[], tuple[int, ...]] = field(default=(), repr=False)
     """What :attr:`inherit_fds` gives: the descriptors, or a function making them on first use
-    (how the runtime passes its liveness guard: a tool that starts no process costs nothing)."""
+    (the runtime passes its liveness guard, held before the execution's start is written)."""
 
     @property
     def inherit_fds(self) -> tuple[int, ...]:
