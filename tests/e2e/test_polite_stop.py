@@ -236,3 +236,31 @@ def test_an_idle_interactive_session_exits_on_sigterm(place: tuple[Path, Path, P
         term.close()
     assert "Traceback" not in term.text
     assert "nothing was sent, so no session was saved" in term.text
+
+
+def test_the_terminal_going_away_stops_the_run_as_esc_does(
+    place: tuple[Path, Path, Path],
+) -> None:
+    """A real hangup: the PTY's master end is closed (a closed window, a dropped ssh session), so
+    kiso gets SIGHUP from the kernel and has no terminal left to write to. The stop is recorded
+    all the same, with no traceback, and kiso exits 129."""
+    home, ws, script = place
+    term = Term(chat("hup", "bypass"), cwd=ws, home=home, script=script)
+    pty = term.child.ptyproc
+    try:
+        term.wait_for("▸ bypass")
+        term.send("run it" + ENTER)
+        term.wait(lambda: command_pids(ws) is not None, 60, "the command to start")
+        pids = wait_for_pids(ws)
+        assert all(alive(pid) for pid in pids)
+        pty.fileobj.close()  # the terminal goes away; nothing is signalled by this test
+        deadline = time.monotonic() + 60
+        while pty.isalive():  # reaps it, keeping its status
+            assert time.monotonic() < deadline, "kiso did not exit after the hangup"
+            time.sleep(0.02)
+        assert pty.exitstatus == 128 + signal.SIGHUP, (pty.exitstatus, pty.signalstatus)
+    finally:
+        term.close()
+    assert not [pid for pid in pids if alive(pid)], "the command's tree outlived the hangup"
+    stopped_cleanly(home, "hup", "SIGHUP")
+    resumes_without_a_ruling(home, ws, script, "hup")

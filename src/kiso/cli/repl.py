@@ -396,17 +396,25 @@ class Repl:
             self.enqueue(RESUME)
         if prompt:
             self.enqueue(prompt)
-        from .stop import STOP_SIGNALS, Stop
+        from .stop import Stop
 
-        stop = Stop(self.stop)  # SIGTERM, SIGHUP: stop the run as esc does, then exit
         loop = asyncio.get_running_loop()
-        for sig in STOP_SIGNALS:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.handle, sig)
+
+        def on_stop(signum: int) -> None:
+            # In the signal handler, before the loop reads the terminal's end of input: the run
+            # is told at once who stopped it; the rest is done on the loop.
+            if self.running and self.session is not None:
+                self.session.abort(signal.Signals(signum).name)
+            loop.call_soon_threadsafe(self.stop, signum)
+
+        stop = Stop(on_stop).install()  # SIGTERM, SIGHUP: stop the run as esc does, then exit
         try:
             code = await self.screen.run()
         finally:
+            stop.restore()
             stop.done()
+        if stop.code is not None:
+            code = stop.code
         s = self.session
         if s is None:
             await self.screen.show(Text("nothing was sent, so no session was saved"))

@@ -9,17 +9,22 @@ the signal's number: 143 after SIGTERM, 129 after SIGHUP.
 A second stop signal while stopping, or a stop that has not finished within :data:`STOP_GRACE_S`
 seconds, ends the process hard, by the signal's default action: then what was running is
 recovered as after a crash (docs/durability.md).
+
+A SIGHUP because the terminal went away leaves stdout and stderr pointing at nothing: they are
+moved to ``/dev/null`` first, so the stop is recorded although nothing can be shown.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
+import stat
 import threading
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["STOP_GRACE_S", "STOP_SIGNALS", "Stop", "exit_code"]
+__all__ = ["STOP_GRACE_S", "STOP_SIGNALS", "Stop", "detach_hung_up", "exit_code", "hard"]
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)
 STOP_GRACE_S = 20.0
@@ -68,6 +73,8 @@ class Stop:
         self._previous.clear()
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            detach_hung_up()  # before anything tries to show the stop on a terminal that is gone
         self.handle(signum)
 
     def handle(self, signum: int) -> None:
@@ -88,6 +95,32 @@ class Stop:
     def done(self) -> None:
         """The stop finished (or there was none): the watchdog stands down."""
         self._finished.set()
+
+
+def detach_hung_up() -> None:
+    """Point stdout and stderr at /dev/null where they are a terminal that hung up (a closed
+    window, a dropped ssh connection): the run's end is still recorded, and writes that nobody
+    can read no longer fail with EIO on the way."""
+    for fd in (1, 2):
+        if _hung_up(fd):
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, fd)
+            except OSError:
+                pass
+            finally:
+                os.close(null)
+
+
+def _hung_up(fd: int) -> bool:
+    try:
+        if not stat.S_ISCHR(os.fstat(fd).st_mode):  # a hung-up terminal is no tty any more
+            return False
+        watch = select.poll()
+        watch.register(fd, select.POLLOUT)
+        return any(mask & select.POLLHUP for _, mask in watch.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def hard(signum: int) -> None:
