@@ -401,53 +401,77 @@ async def _execute(run: Run, run_id: str, calls: Sequence[ToolCall]) -> AsyncIte
     ids = [f"{session.id}:{first + i}" for i in range(len(batch))]
     # The guards first: a store that cannot hold them stops the run before anything starts.
     guards = await _hold_guards(run, batch, tools, ids) if effects else [None] * len(batch)
-    tasks: list[asyncio.Future[None]] = []
     try:
-        starts = session.stage(
-            *(
-                ExecutionStarted(
-                    run=run_id,
-                    execution_id=execution_id,
-                    call_id=call.call_id,
-                    name=call.name,
-                    input=call.input,
-                )
-                for call, execution_id in zip(batch, ids, strict=True)
-            )
-        )
-        if effects:
-            await session.committed()  # the turn, its verdict and this start: one fsync
-        else:
-            session.writer.flush()  # on its way to disk; nothing waits for it
-        run.seen = len(session.events)
-        begun: list[ExecutionStarted] = []
-        for call, started in zip(batch, starts, strict=True):
-            assert isinstance(started, ExecutionStarted)
-            begun.append(started)
-            yield ev.ToolStart(call, started)
-        queue: asyncio.Queue[ev.RunEvent | None] = asyncio.Queue()
-        tasks = [
-            asyncio.ensure_future(
-                _run_one(run, run_id, call, tool, started=s, durable=effects, guard=g, queue=queue)
-            )
-            for call, tool, s, g in zip(batch, tools, begun, guards, strict=True)
-        ]
-        remaining = len(tasks)
-        try:
-            while remaining:
-                got = await queue.get()
-                if got is None:
-                    remaining -= 1
-                else:
-                    yield got
-        finally:
-            running = [task for task in tasks if not task.done()]
-            for task in running:  # the consumer went away, or the batch was cancelled
-                task.cancel()
-            if running:
-                await asyncio.gather(*running, return_exceptions=True)
+        async for item in _started(
+            run, run_id, batch, tools, ids=ids, guards=guards, effects=effects
+        ):
+            yield item
     finally:
         _release(guards)  # a guard no handler released: its start failed, or it never began
+
+
+async def _started(
+    run: Run,
+    run_id: str,
+    batch: Sequence[ToolCall],
+    tools: Sequence[Tool | None],
+    *,
+    ids: Sequence[str],
+    guards: Sequence[LivenessGuard | None],
+    effects: bool,
+) -> AsyncIterator[ev.RunEvent]:
+    """The batch's starts staged (and durable when it has effects), its handlers run."""
+    session = run.session
+    starts = session.stage(
+        *(
+            ExecutionStarted(
+                run=run_id,
+                execution_id=ids[i],
+                call_id=call.call_id,
+                name=call.name,
+                input=call.input,
+            )
+            for i, call in enumerate(batch)
+        )
+    )
+    if effects:
+        await session.committed()  # the turn, its verdict and this start: one fsync
+    else:
+        session.writer.flush()  # on its way to disk; nothing waits for it
+    run.seen = len(session.events)
+    for call, started in zip(batch, starts, strict=True):
+        assert isinstance(started, ExecutionStarted)
+        yield ev.ToolStart(call, started)
+    queue: asyncio.Queue[ev.RunEvent | None] = asyncio.Queue()
+    tasks = [
+        asyncio.ensure_future(
+            _run_one(
+                run,
+                run_id,
+                call,
+                tool,
+                started=started,  # type: ignore[arg-type]
+                durable=effects,
+                guard=g,
+                queue=queue,
+            )
+        )
+        for call, tool, started, g in zip(batch, tools, starts, guards, strict=True)
+    ]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            got = await queue.get()
+            if got is None:
+                remaining -= 1
+            else:
+                yield got
+    finally:
+        running = [task for task in tasks if not task.done()]
+        for task in running:  # the consumer went away, or the batch was cancelled
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
     for task in tasks:  # each put its None last, so each is done
         if not task.cancelled() and (exc := task.exception()) is not None:
             raise exc
