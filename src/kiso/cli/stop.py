@@ -42,8 +42,9 @@ def exit_code(signum: int) -> int:
 class Stop:
     """The stop signals of one kiso process: the first calls ``on_stop`` with the signal's number
     (and starts the watchdog), a second ends the process hard. ``install`` sets the handlers with
-    :func:`signal.signal` (synchronous code); asyncio code passes :meth:`handle` to
-    ``loop.add_signal_handler`` instead. :meth:`done` once the stop has finished."""
+    :func:`signal.signal`, so they run on the main thread as soon as the signal arrives (in an
+    asyncio program too, before the loop handles what else woke it: a hung-up terminal's end of
+    input); ``on_stop`` must do only what is safe there. :meth:`done` once the stop finished."""
 
     def __init__(self, on_stop: Callable[[int], None], *, grace: float = STOP_GRACE_S) -> None:
         self.on_stop = on_stop
@@ -63,6 +64,10 @@ class Stop:
         return exit_code(self.signum) if self.signum is not None else None
 
     def install(self) -> Stop:
+        """Handle the stop signals (the main thread only: elsewhere, as Python allows no handler
+        there, they keep their default action)."""
+        if threading.current_thread() is not threading.main_thread():
+            return self
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handler)
         return self
