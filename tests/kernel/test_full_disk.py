@@ -308,3 +308,66 @@ def test_the_kiso_command_on_a_full_disk(disk: Disk | None, tmp_path: Path) -> N
     assert (ws / "effects.log").read_text() == ran  # k1's effect skipped, as ruled
     fixed = kiso(ws, home, "doctor", "d1")
     assert fixed.returncode == 0 and "repaired" in fixed.stdout, fixed.stderr
+
+
+def slack_in_last_page(path: Path, slack: int, page: int = 4096) -> None:
+    """Pad the log (as :func:`pad_to_a_page` does) so that its last page has ``slack`` bytes free:
+    room for the records of a short run, on a disk with no page left."""
+    pad_to_a_page(path, page)
+    log = JsonlSessionStore().load_path(path)
+    last = log.events[-1]
+    obj = SettingChanged(key="test.padding", value="", run=last.run).to_json()
+    obj["seq"], obj["ts"] = last.seq + 1, last.ts
+    bare = len(dumps_line(obj))
+    obj["value"] = "x" * (page - slack - bare)
+    with open(path, "ab") as f:
+        f.write(dumps_line(obj))
+    assert path.stat().st_size % page == page - slack
+
+
+def test_a_store_that_cannot_hold_a_tools_bookkeeping_stops_the_run_as_the_stores_error(
+    disk: Disk | None, tmp_path: Path
+) -> None:
+    """KISO_HOME full, the workspace not: the run's records fit in the log's last page, the
+    shell's liveness guard does not. The run ends with the store's error naming its file system;
+    the command never ran, nothing says it failed, no guard file is left; with space again,
+    ``kiso resume`` runs it, with no ruling asked or made."""
+    if disk is None:
+        return
+    ws = tmp_path / "ws"  # the workspace is elsewhere, with room to spare
+    ws.mkdir()
+    script = tmp_path / "script.json"
+    call = {"name": "shell", "input": {"command": "echo ran >> effects.log"}}
+    turns = [{"text": "hello"}, {"tool_calls": [call]}, {"text": "done"}]
+    script.write_text(json.dumps({"turns": turns}))
+    s, home = str(script), disk.home
+    assert kiso(ws, home, "-p", "hi", "g1", KISO_FAUX_SCRIPT=s).returncode == 0
+    log = JsonlSessionStore(home).path_of("g1")
+    slack_in_last_page(log, 3000)
+    live = log.with_suffix(".live")
+    filler = disk.fill()
+    # One page back: the writer's record of the opened session takes it, and the disk is full.
+    os.truncate(filler, filler.stat().st_size - 4096)
+
+    out = kiso(ws, home, "resume", "g1", "run it", "--mode", "bypass", KISO_FAUX_SCRIPT=s)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert f"kiso: could not write the session store at {home}: " in out.stderr
+    disk.says_full(out.stderr)
+    assert "could not start" not in out.stderr and "[shell] failed" not in out.stderr
+    assert "kiso resume g1" in out.stderr
+    assert not (ws / "effects.log").exists()  # the command never ran
+    events = JsonlSessionStore(home).load("g1").events
+    # The call's turn and verdict are there; nothing of its execution, so nothing to rule on.
+    assert [e.type for e in events[-4:]] == ["run_started", "user", "assistant", "approval_decided"]
+    assert not [e for e in events if e.type in ("execution_started", "execution_finished")]
+    assert not live.exists(), "a guard file was left behind"
+
+    filler.unlink()
+    again = kiso(ws, home, "resume", "g1", "--mode", "bypass", KISO_FAUX_SCRIPT=s)
+    assert again.returncode == 0, again.stderr
+    assert (ws / "effects.log").read_text() == "ran\n"  # run once, now
+    after = JsonlSessionStore(home).load("g1").events
+    finished = [e for e in after if e.type == "execution_finished"]
+    assert len(finished) == 1 and not finished[0].is_error  # type: ignore[attr-defined]
+    assert not [e for e in after if e.type == "execution_resolved"]
+    assert not live.exists()

@@ -15,6 +15,9 @@ Code's ``subtype``: ``success``, ``error_max_turns``, ``error_max_budget_usd``,
 ``error_during_execution``), the answer, the provider's token counts, the cost (``cost`` and
 ``total_cost_usd``; null when the model has no dated price), the model turns (``turns`` and
 ``num_turns``) and the denied calls (``permission_denials``).
+
+SIGTERM and SIGHUP stop the run as an abort does (:mod:`kiso.cli.stop`): the running command's
+processes are ended, the run is recorded ``aborted`` by the signal, and the exit code is 143 or 129.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ import contextlib
 import json
 import os
 import select
+import signal
 import stat
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +54,7 @@ from kiso.runtime.session import PromptTooLargeError, check_prompt_fits
 if TYPE_CHECKING:
     from kiso.cli.attach import Expansion
     from kiso.cli.setup import RunOptions, Setup
+    from kiso.cli.stop import Stop
 
 __all__ = ["fail", "run_headless"]
 
@@ -89,7 +95,10 @@ def run_headless(
         ruling = parse_ruling(resolve) if resolve is not None else None
         if sent is not None:
             check_prompt_fits(sent.prompt, setup.agent)  # before a session file exists
-        with open_session(setup, session_id, headless=True, must_exist=must_exist) as session:
+        with (
+            open_session(setup, session_id, headless=True, must_exist=must_exist) as session,
+            _stopping(session) as stop,
+        ):
             out.on_closed = lambda: session.abort("output closed")
             out.note(f"session {session.id} · {setup.resolved.describe()} · mode {session.mode}")
             for line in sent.notes if sent is not None else ():
@@ -100,7 +109,7 @@ def run_headless(
             outcome: Outcome | None = None
             blocked = False
             for index in range(2):
-                if index == 1 and (prompt is None or blocked):
+                if index == 1 and (prompt is None or blocked or stop.signum is not None):
                     break
                 stage = (
                     session.resume_sync()
@@ -109,6 +118,8 @@ def run_headless(
                 )
                 with contextlib.closing(stage):  # an error mid-run still closes its loop
                     for ev in stage:
+                        if stop.signum is not None:  # a stop that came before the run began
+                            session.abort(stop.by)
                         out.event(ev)
                         if isinstance(ev, stream.Decision) and ev.event.decided_by == "headless":
                             name = ev.call.name if ev.call is not None else ev.event.call_id
@@ -119,7 +130,12 @@ def run_headless(
                             blocked = True
                         elif isinstance(ev, stream.Terminal):
                             outcome = ev.outcome
-            code = _exit_code(prompt, outcome, blocked)
+            code = _exit_code(prompt, outcome, blocked) if stop.code is None else stop.code
+            if stop.signum is not None:
+                out.note(
+                    f"kiso: stopped by {stop.by}; the run was recorded aborted, and "
+                    f"`kiso resume {session.id}` continues it"
+                )
             out.result(session, session.events[first:], outcome, code, began)
     except PromptTooLargeError as exc:  # refused before anything was recorded: a usage error
         out.fail(str(exc))
@@ -131,6 +147,25 @@ def run_headless(
         if setup is not None:
             close_setup(setup)
     return code
+
+
+@contextlib.contextmanager
+def _stopping(session: Session) -> Iterator[Stop]:
+    """SIGTERM and SIGHUP stop the run as an abort does (kiso.cli.stop), while the session is
+    open; the exit code is then 128 + the signal's number."""
+    from kiso.cli.stop import Stop
+
+    def on_stop(signum: int) -> None:
+        # Off the signal handler: it may have interrupted this thread anywhere.
+        by = signal.Signals(signum).name
+        threading.Thread(target=session.abort, args=(by,), daemon=True).start()
+
+    stop = Stop(on_stop).install()
+    try:
+        yield stop
+    finally:
+        stop.restore()
+        stop.done()
 
 
 def fail(output_format: str, message: str) -> int:

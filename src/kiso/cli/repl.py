@@ -410,7 +410,25 @@ class Repl:
             self.enqueue(RESUME)
         if prompt:
             self.enqueue(prompt)
-        code = await self.screen.run()
+        from .stop import Stop
+
+        loop = asyncio.get_running_loop()
+
+        def on_stop(signum: int) -> None:
+            # In the signal handler, before the loop reads the terminal's end of input: the run
+            # is told at once who stopped it; the rest is done on the loop.
+            if self.running and self.session is not None:
+                self.session.abort(signal.Signals(signum).name)
+            loop.call_soon_threadsafe(self.stop, signum)
+
+        stop = Stop(on_stop).install()  # SIGTERM, SIGHUP: stop the run as esc does, then exit
+        try:
+            code = await self.screen.run()
+        finally:
+            stop.restore()
+            stop.done()
+        if stop.code is not None:
+            code = stop.code
         s = self.session
         if s is None:
             await self.screen.show(Text("nothing was sent, so no session was saved"))
@@ -485,6 +503,23 @@ class Repl:
     def abort(self) -> None:
         if self.running and self.session is not None:
             self.session.abort()
+
+    def stop(self, signum: int) -> None:
+        """SIGTERM or SIGHUP (kiso.cli.stop): the run stops as esc stops it, recorded aborted
+        by the signal's name, then kiso exits 128 + the signal's number."""
+        from .stop import exit_code, hard
+
+        code = exit_code(signum)
+        if self.running and self.session is not None:
+            self.exiting = code
+            self.session.abort(signal.Signals(signum).name)
+            answer = getattr(self.screen, "answer", None)  # a question on screen: nobody answers
+            if isinstance(answer, asyncio.Future) and not answer.done():
+                answer.set_result(None)
+        elif isinstance(self.screen, Plain):
+            hard(signum)  # idle, reading stdin in a thread that cannot be interrupted
+        else:
+            self.screen.exit(code)
 
     def quit(self, code: int = 0) -> None:
         if self.running and self.session is not None:
@@ -976,6 +1011,8 @@ class Repl:
         await self._switch_model(choice.value, effort)
 
     def _status(self) -> RenderableType:
+        from .status import pass_env_line
+
         s, m = self.session, self.meter
         ctx = f"~{m.ctx_left}% left" if m.ctx_left is not None else "unknown"
         if s is None:
@@ -1008,6 +1045,7 @@ class Repl:
             f"theme      {self.printer.palette.describe()}",
             *rules_rows(self.setup.agent.rules, self.setup.workspace),
             f"history    {history_path(kiso_home(), self.setup.workspace)}",
+            pass_env_line(self.setup.agent.pass_env),
         ]
         rows = self.setup.extensions.status_lines()
         lines += [f"extension  {row}" for row in rows] or ["extension  none loaded"]

@@ -193,6 +193,7 @@ def prepare(
             floor=config.floor,
             profile=resolved.profile.name if resolved.profile else None,
             strip_env=resolved.strip_env,
+            pass_env=config.pass_env,
             system_prompt=text,
             hooks=hooks,
             trigger="subagent" if role is not None else "user",

@@ -25,6 +25,7 @@ __all__ = [
     "Streamed",
     "meter",
     "money",
+    "pass_env_line",
     "sandbox_line",
     "spend",
     "status_row",
@@ -121,6 +122,14 @@ def status_row(
     if room < 4:  # no room for even a shortened name: the facts stay, the name goes
         return " · ".join([head, *facts])
     return " · ".join([head, shorten_middle(model, room), *facts])
+
+
+def pass_env_line(names: Iterable[str]) -> str:
+    """``/status``'s row for ``shell.passEnv``: the names the shell tool keeps, never a value."""
+    kept = list(names)
+    if not kept:
+        return "shell env  credentials stripped (shell.passEnv passes none)"
+    return f"shell env  passes {', '.join(kept)} (shell.passEnv; values not shown)"
 
 
 def money(dollars: float) -> str:

@@ -74,6 +74,7 @@ class Agent:
         floor: bool = True,
         home: str | os.PathLike[str] | None = None,
         strip_env: Iterable[str] = (),
+        pass_env: Iterable[str] = (),
         trigger: Trigger = "user",
         window: Window | int | None = None,
         auto_compact: bool = True,
@@ -135,6 +136,9 @@ class Agent:
         ]
         self.home = Path(home) if home is not None else Path.home()
         self.strip_env = tuple(strip_env)
+        self.pass_env = tuple(pass_env)
+        """Names kept in the children's environment although a rule strips them
+        (``shell.passEnv``): :func:`kiso.tools.env.child_env`'s ``keep``."""
         self.trigger: Trigger = trigger
         if isinstance(window, Window):
             self.window = window
@@ -242,10 +246,11 @@ class Agent:
         return f"{where}: {_said(first)}{more}"
 
     def child_env(self) -> Mapping[str, str]:
-        """The environment for children a model can drive: this process's, credentials stripped."""
+        """The environment for children a model can drive: this process's, credentials stripped
+        but for the names the user chose to pass (``pass_env``)."""
         from kiso.tools.env import child_env
 
-        return child_env(os.environ, also_strip=self.strip_env)
+        return child_env(os.environ, also_strip=self.strip_env, keep=self.pass_env)
 
 
 _BOUNDS = {

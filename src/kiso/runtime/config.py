@@ -85,11 +85,13 @@ _TOP_KEYS = {
     "sandbox",
     "hooks",
     "permissions",
+    "shell",
 }
 _USER_ONLY = {
     "floor": "the catastrophe floor",
     "theme": "the terminal theme",
     "updateCheck": "the daily check for a new kiso release",
+    "shell": "which credentials the shell tool keeps (shell.passEnv)",
 }
 
 
@@ -149,6 +151,9 @@ class Config:
     or ``KISO_NO_UPDATE_CHECK=1`` turns it off): :mod:`kiso.runtime.release`. User config only."""
     subagent_checks: dict[str, str] = field(default_factory=dict)
     """``subagents.checks``: acceptance check name to command (project names override user)."""
+    pass_env: tuple[str, ...] = ()
+    """``shell.passEnv``: environment variables the shell tool keeps although they look like
+    credentials (``SSH_AUTH_SOCK``, ``GH_TOKEN``). User config only: docs/shell.md."""
     files: tuple[str, ...] = ()
     """The config files that were read, lowest precedence first."""
     mode_source: str = "default"
@@ -298,6 +303,8 @@ def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, 
             out["permissions"] = parse_config(data["permissions"], str(path), project=project)
         except PermissionsError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+    if "shell" in data:
+        out["pass_env"] = _shell(path, data["shell"])
     return out
 
 
@@ -351,6 +358,31 @@ def _sandbox(path: Path, raw: Any, *, project: bool) -> SandboxPolicy:
     # which _tightened reads from its source ("network" given: the project turns it off)
     source = f"{path}#network" if project and "network" in raw else str(path)
     return SandboxPolicy(mode, network, tuple(roots), source)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _shell(path: Path, raw: Any) -> tuple[str, ...]:
+    """``"shell": {"passEnv": ["SSH_AUTH_SOCK", "GH_TOKEN"]}``: the names, in order, once each."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f'{path}: shell: must be an object such as {{"passEnv": ["GH_TOKEN"]}}')
+    unknown = sorted(set(raw) - {"passEnv"})
+    if unknown:
+        raise ConfigError(f"{path}: shell.{unknown[0]}: unknown key; known keys: passEnv")
+    names = raw.get("passEnv", [])
+    if not isinstance(names, list):
+        raise ConfigError(
+            f"{path}: shell.passEnv: must be a list of environment variable names such as "
+            f'["SSH_AUTH_SOCK", "GH_TOKEN"], got {json.dumps(names)}'
+        )
+    for name in names:
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{path}: shell.passEnv: {json.dumps(name)} is not an environment variable name "
+                f"(letters, digits and _, not starting with a digit); give the NAME, never a value"
+            )
+    return tuple(dict.fromkeys(names))
 
 
 _CHECK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -470,6 +502,7 @@ def load_config(
         auto_compact=merged.get("auto_compact", True),
         update_check=merged.get("update_check", True),
         subagent_checks=merged.get("subagent_checks", {}),
+        pass_env=merged.get("pass_env", ()),
         files=tuple(files),
         mode_source=mode_source,
         sandbox=merged["sandbox"],

@@ -82,12 +82,29 @@ class LivenessGuard:
 
         Raises UsageError when the guard is held already: by this process, or by processes an
         earlier holder of the same id started (an execution id names one attempt; a rerun has a
-        new one).
+        new one). An OSError (a full disk) leaves nothing behind: no guard file, and no
+        directory this call created.
         """
         path = guard_path(directory, execution_id)
-        if not directory.is_dir():
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(directory, 0o700)
+        for attempt in range(3):
+            made = not directory.is_dir()
+            try:
+                if made:
+                    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    os.chmod(directory, 0o700)
+                return cls._hold(path, execution_id)
+            except FileNotFoundError:  # the directory was removed meanwhile (empty): again
+                if attempt == 2:
+                    raise
+            except OSError:
+                if made:
+                    with contextlib.suppress(OSError):  # not empty: another guard is in it
+                        directory.rmdir()
+                raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _hold(cls, path: Path, execution_id: str) -> LivenessGuard:
         flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
         while True:
             fd = os.open(path, flags, 0o600)
@@ -109,6 +126,8 @@ class LivenessGuard:
             os.ftruncate(fd, 0)
             os.write(fd, f"pid {os.getpid()} execution {execution_id}\n".encode())
         except BaseException:
+            with contextlib.suppress(OSError):  # locked by us: nobody else is using it
+                os.unlink(path)
             os.close(fd)
             raise
         return cls(path, fd, execution_id)

@@ -54,6 +54,7 @@ from kiso.kernel import (
     Outcome,
     ResolveUncertain,
     RunEnded,
+    StoreError,
     TextBlock,
     ThinkingBlock,
     ToolCall,
@@ -61,6 +62,7 @@ from kiso.kernel import (
     billed,
     input_sha256,
 )
+from kiso.kernel.errors import describe_os_error
 from kiso.kernel.events import ERROR_KINDS, AssistantBlock
 from kiso.kernel.recovery import plan_replay
 from kiso.providers.base import ModelRequest, ProviderError, TextDelta, ThinkingDelta, TurnDone
@@ -69,7 +71,7 @@ from kiso.runtime.approvals import allowing_modes, compose
 from kiso.runtime.compaction import compact, maybe_compact
 from kiso.runtime.context import message_tokens, parse_window
 from kiso.runtime.hooks import CallContext, HookFailed, RunInfo, Verdict
-from kiso.runtime.liveness import LivenessGuard
+from kiso.runtime.liveness import LivenessGuard, guard_path
 from kiso.tools.base import AbortSignal, Tool, ToolContext, ToolResult
 
 if TYPE_CHECKING:
@@ -435,11 +437,35 @@ async def _execute(run: Run, run_id: str, calls: Sequence[ToolCall]) -> AsyncIte
     tools = [agent.tool(call.name) for call in batch]
     effects = any(tool is None or not tool.rerunnable for tool in tools)
     first = session.next_seq
+    ids = [f"{session.id}:{first + i}" for i in range(len(batch))]
+    # The guards first: a store that cannot hold them stops the run before anything starts.
+    guards = await _hold_guards(run, batch, tools, ids) if effects else [None] * len(batch)
+    try:
+        async for item in _started(
+            run, run_id, batch, tools, ids=ids, guards=guards, effects=effects
+        ):
+            yield item
+    finally:
+        _release(guards)  # a guard no handler released: its start failed, or it never began
+
+
+async def _started(
+    run: Run,
+    run_id: str,
+    batch: Sequence[ToolCall],
+    tools: Sequence[Tool | None],
+    *,
+    ids: Sequence[str],
+    guards: Sequence[LivenessGuard | None],
+    effects: bool,
+) -> AsyncIterator[ev.RunEvent]:
+    """The batch's starts staged (and durable when it has effects), its handlers run."""
+    session = run.session
     starts = session.stage(
         *(
             ExecutionStarted(
                 run=run_id,
-                execution_id=f"{session.id}:{first + i}",
+                execution_id=ids[i],
                 call_id=call.call_id,
                 name=call.name,
                 input=call.input,
@@ -458,9 +484,18 @@ async def _execute(run: Run, run_id: str, calls: Sequence[ToolCall]) -> AsyncIte
     queue: asyncio.Queue[ev.RunEvent | None] = asyncio.Queue()
     tasks = [
         asyncio.ensure_future(
-            _run_one(run, run_id, call, tool, started=started, durable=effects, queue=queue)  # type: ignore[arg-type]
+            _run_one(
+                run,
+                run_id,
+                call,
+                tool,
+                started=started,  # type: ignore[arg-type]
+                durable=effects,
+                guard=g,
+                queue=queue,
+            )
         )
-        for call, tool, started in zip(batch, tools, starts, strict=True)
+        for call, tool, started, g in zip(batch, tools, starts, guards, strict=True)
     ]
     remaining = len(tasks)
     try:
@@ -489,9 +524,11 @@ async def _run_one(
     *,
     started: ExecutionStarted,
     durable: bool,
+    guard: LivenessGuard | None,
     queue: asyncio.Queue[ev.RunEvent | None],
 ) -> None:
-    """One handler: its live output, its receipt (durable first if it has effects), its end."""
+    """One handler: its live output, its receipt (durable first if it has effects), its end.
+    ``guard``: the execution's liveness guard, held when it has effects (and a log on disk)."""
     session = run.session
     try:
         began = time.monotonic()
@@ -502,12 +539,11 @@ async def _run_one(
                 error_kind="fatal",
             )
         else:
-            guard = _Liveness(run.session.live_dir, started.execution_id) if durable else None
             try:
                 result = await _handler(run, call, tool, started=started, guard=guard, queue=queue)
             finally:
-                if guard is not None and guard.held is not None:
-                    await asyncio.to_thread(guard.held.release)  # file I/O: off the loop
+                if guard is not None and guard.held:
+                    await asyncio.to_thread(_release, [guard])  # file I/O: off the loop
             try:
                 if run.agent.hooks.by_point["after_tool"]:
                     result = run.agent.hooks.after_tool(call, result, run.info(run_id))
@@ -560,7 +596,7 @@ async def _handler(
     tool: Tool,
     *,
     started: ExecutionStarted,
-    guard: _Liveness | None,
+    guard: LivenessGuard | None,
     queue: asyncio.Queue[ev.RunEvent | None],
 ) -> ToolResult:
     """Run the handler; what it reports through ``ctx.progress`` goes out as ``tool_output``."""
@@ -573,7 +609,7 @@ async def _handler(
         sandbox=run.agent.sandbox,
         abort=run.abort,
         progress=_forward_to(queue, call, started.execution_id),
-        fds=guard.fds if guard is not None else (),
+        fds=(guard.fd,) if guard is not None else (),
     )
     try:
         return await tool.run(dict(call.input), ctx)
@@ -601,24 +637,57 @@ def _forward_to(
     return progress
 
 
-class _Liveness:
-    """The liveness guard of one execution with effects, made the first time its tool starts a
-    process (``ToolContext.inherit_fds``), in the tool's own thread: a tool that starts no
-    process costs no file I/O. Sessions on disk only."""
+async def _hold_guards(
+    run: Run, batch: Sequence[ToolCall], tools: Sequence[Tool | None], ids: Sequence[str]
+) -> list[LivenessGuard | None]:
+    """The liveness guards of a batch with effects, held before its ``execution_started`` is
+    written (sessions on disk only; one for each call whose tool is there to run).
 
-    __slots__ = ("directory", "execution_id", "held")
+    A guard that cannot be written (a full disk under KISO_HOME) is the store's failure, not the
+    tool's: nothing is left behind, the tool never runs, nothing is recorded for the call, and a
+    StoreError naming the file system ends the run; ``kiso resume`` runs the call once there is
+    space (its start was never written, so there is nothing to rule on).
+    """
+    directory = run.session.live_dir
+    held: list[LivenessGuard | None] = []
+    if directory is None:
+        return [None] * len(batch)
+    for call, tool, execution_id in zip(batch, tools, ids, strict=True):
+        if tool is None:
+            held.append(None)
+            continue
+        try:
+            held.append(await asyncio.to_thread(LivenessGuard.hold, directory, execution_id))
+        except OSError as exc:
+            _release(held)
+            raise _store_failed(run, call, directory, execution_id, exc) from exc
+        except BaseException:
+            _release(held)
+            raise
+    return held
 
-    def __init__(self, directory: Path | None, execution_id: str) -> None:
-        self.directory = directory
-        self.execution_id = execution_id
-        self.held: LivenessGuard | None = None
 
-    def fds(self) -> tuple[int, ...]:
-        if self.directory is None:
-            return ()
-        if self.held is None:
-            self.held = LivenessGuard.hold(self.directory, self.execution_id)
-        return (self.held.fd,)
+def _release(guards: Sequence[LivenessGuard | None]) -> None:
+    """Release the guards; a session's guard directory left empty goes too (nothing of the
+    runtime's bookkeeping stays beside the log once its processes are gone)."""
+    for guard in guards:
+        if guard is not None and guard.held and guard.release():
+            with contextlib.suppress(OSError):  # not empty: a process still holds a guard
+                guard.path.parent.rmdir()
+
+
+def _store_failed(
+    run: Run, call: ToolCall, directory: Path, execution_id: str, exc: OSError
+) -> StoreError:
+    """The error that ends a run whose bookkeeping could not be written: the store's, by name."""
+    home = getattr(run.agent.store, "home", None)
+    where = f" at {home}" if isinstance(home, Path) else ""
+    said = describe_os_error(guard_path(directory, execution_id), exc, "create the liveness guard")
+    return StoreError(
+        f"could not write the session store{where}: {said}. The {call.name} call was not "
+        f"run and nothing was recorded for it; once the store can be written, "
+        f"`kiso resume {run.session.id}` runs it"
+    )
 
 
 # --------------------------------------------------------------------------- the model

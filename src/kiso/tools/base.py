@@ -114,7 +114,7 @@ class ToolContext:
     """The OS sandbox commands run in (:mod:`kiso.tools.sandbox`), or None: none."""
     fds: tuple[int, ...] | Callable[[], tuple[int, ...]] = field(default=(), repr=False)
     """What :attr:`inherit_fds` gives: the descriptors, or a function making them on first use
-    (how the runtime passes its liveness guard: a tool that starts no process costs nothing)."""
+    (the runtime passes its liveness guard, held before the execution's start is written)."""
 
     @property
     def inherit_fds(self) -> tuple[int, ...]:
