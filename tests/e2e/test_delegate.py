@@ -28,8 +28,14 @@ class World:
         self.home = tmp_path / "home"
         self.ws = tmp_path / "ws"
         self.scripts = tmp_path / "scripts"
-        for d in (self.home, self.ws, self.scripts):
+        self.channel = tmp_path / "channel"
+        """Where the children's commands leave what the test reads: outside their worktrees,
+        so the user config makes it writable in their sandbox (docs/sandbox.md)."""
+        for d in (self.home, self.ws, self.scripts, self.channel):
             d.mkdir()
+        (self.home / "config.json").write_text(
+            json.dumps({"sandbox": {"writableRoots": [str(self.channel)]}})
+        )
         (self.ws / "a.txt").write_text("hello\n")
         if git:
             for args in (["init", "-q"], ["add", "a.txt"], ["commit", "-qm", "init"]):
@@ -246,7 +252,7 @@ def test_a_scope_denies_writes_outside_it_and_offers_no_shell(tmp_path: Path) ->
 
 def test_more_than_four_tasks_run_at_most_four_at_a_time(tmp_path: Path) -> None:
     w = World(tmp_path)
-    ledger = tmp_path / "ledger"
+    ledger = w.channel / "ledger"
     ledger.mkdir()
     # each child: mark its start, wait until four have started (or 20 s), mark its end. Run four
     # at a time, the first four meet and the last two follow: the overlap is exactly four.
@@ -279,7 +285,12 @@ def test_credentials_reach_the_child_but_not_its_shell(tmp_path: Path) -> None:
         f"tr '\\0' '\\n' < /proc/$kiso/environ > {seen}.kiso"
     )
     w.child(1, _call("shell", command=probe), {"text": "probed"})
-    out = w.delegate({"role": "implementer", "task": "probe"}, OPENAI_API_KEY="sk-fake-123")
+    # the probe reads the child kiso's /proc/<pid>/environ from its shell, which the sandbox
+    # forbids (a sandboxing kiso is not dumpable: tests/tools/test_sandbox.py); this test is
+    # about what the child is given, so it runs without the sandbox
+    out = w.delegate(
+        {"role": "implementer", "task": "probe"}, OPENAI_API_KEY="sk-fake-123", KISO_SANDBOX="off"
+    )
     assert out.returncode == 0, out.stderr
     kiso_env = Path(f"{seen}.kiso").read_text().splitlines()
     assert "OPENAI_API_KEY=sk-fake-123" in kiso_env
@@ -291,7 +302,7 @@ def test_credentials_reach_the_child_but_not_its_shell(tmp_path: Path) -> None:
 
 def test_a_timeout_kills_the_child_and_says_so(tmp_path: Path) -> None:
     w = World(tmp_path)
-    pid = tmp_path / "sleeper.pid"
+    pid = w.channel / "sleeper.pid"
     w.child(1, _call("shell", command=f"echo $$ > {pid}; exec sleep 120"), {"text": "never"})
     out = w.delegate({"role": "implementer", "task": "block"}, KISO_SUBAGENT_TIMEOUT_MS="8000")
     assert out.returncode == 0, out.stderr
@@ -395,8 +406,8 @@ def test_an_abort_of_the_parents_run_kills_every_child_and_its_shell(
         monkeypatch.delenv(key)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    pids = [tmp_path / f"shell{n}.pid" for n in (1, 2)]
-    kisos = [tmp_path / f"kiso{n}.pid" for n in (1, 2)]
+    pids = [w.channel / f"shell{n}.pid" for n in (1, 2)]
+    kisos = [w.channel / f"kiso{n}.pid" for n in (1, 2)]
     for n, (pid, kiso) in enumerate(zip(pids, kisos, strict=True), start=1):
         probe = f"cut -d' ' -f4 /proc/$PPID/stat > {kiso}.tmp && mv {kiso}.tmp {kiso}"
         w.child(n, _call("shell", command=f"{probe}; echo $$ > {pid}; exec sleep 120"))
@@ -466,7 +477,7 @@ def test_a_timed_out_child_keeps_its_clean_worktree_so_it_can_be_resumed(tmp_pat
     """The child was killed mid-shell: its run is open and its session belongs to the worktree,
     so the worktree stays (and is named) though nothing changed, and the hint can be followed."""
     w = World(tmp_path)
-    pid = tmp_path / "sleeper.pid"
+    pid = w.channel / "sleeper.pid"
     w.child(1, _call("shell", command=f"echo $$ > {pid}; exec sleep 120"), {"text": "ruled on"})
     out = w.delegate({"role": "implementer", "task": "block"}, KISO_SUBAGENT_TIMEOUT_MS="8000")
     assert out.returncode == 0, out.stderr
@@ -573,3 +584,24 @@ def test_a_child_timed_out_before_its_first_turn_keeps_its_worktree(tmp_path: Pa
     tree = w.home / "worktrees" / child
     assert "worktree kept (its run has not ended" in result and tree.is_dir(), result
     assert f"KISO_HOME={w.home} kiso resume {child}" in result  # the hint names the home
+
+
+def test_an_acceptance_check_runs_the_childs_code_in_the_sandbox(tmp_path: Path) -> None:
+    """The check runs what the child wrote: it is contained like the child's own commands."""
+    w = World(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (w.home / "config.json").write_text(
+        json.dumps({"subagents": {"checks": {"tests": "sh ./check.sh"}}})
+    )
+    w.child(
+        1,
+        _call("write_file", path="check.sh", content=f"echo x > {outside}/escaped\necho ran\n"),
+        {"text": "wrote the check"},
+    )
+    out = w.delegate({"role": "implementer", "task": "write check.sh", "acceptance": "tests"})
+    assert out.returncode == 0, out.stderr
+    [result] = w.results()
+    assert "acceptance 'tests' (sh ./check.sh)" in result and "ran" in result
+    assert "Read-only file system" in result
+    assert not (outside / "escaped").exists()

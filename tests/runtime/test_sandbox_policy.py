@@ -167,3 +167,58 @@ def test_a_headless_run_never_leaves_the_sandbox_by_itself(tmp_path: Path) -> No
         assert verdict.decision == "denied"
         assert not [e for e in session.events if isinstance(e, ExecutionFinished)]
     assert not target.exists()
+
+
+# --------------------------------------------------------------- hooks and checks in the sandbox
+
+
+def _hook_run(tmp_path: Path, ws: Path, raw: dict[str, Any], project: bool = False) -> list[str]:
+    from kiso.runtime.command_hooks import CommandHooks, parse_hooks
+    from kiso.tools.sandbox import Sandbox
+
+    said: list[str] = []
+    sandbox = Sandbox.for_workspace(SandboxPolicy(), ws)
+    specs = parse_hooks(ws / "config.json", raw, project=project)
+    hooks = CommandHooks(specs, workspace=ws, report=said.append, sandbox=sandbox)
+    script = [
+        {"tool_calls": [{"name": "shell", "input": {"command": "echo hi"}}]},
+        {"text": "done"},
+    ]
+    agent = Agent(
+        adapter=FauxAdapter(script),
+        tools=builtin_tools(),
+        store=store(tmp_path),
+        workspace=ws,
+        mode="bypass",
+        hooks=hooks.hooks,
+        sandbox=sandbox,
+    )
+    with agent.session("s", headless=True) as session:
+        list(session.run_sync("go"))
+    return said
+
+
+def test_a_hook_runs_the_workspaces_script_in_the_sandbox(tmp_path: Path) -> None:
+    """The model can rewrite ./check.sh before the hook runs it: it must stay contained."""
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    ws.mkdir()
+    outside.mkdir()
+    check = ws / "check.sh"
+    check.write_text(f"#!/bin/sh\necho escaped > {outside}/hook\nexit 0\n")
+    check.chmod(0o755)
+    raw = {"before_tool": [{"matcher": "shell", "command": "./check.sh"}]}
+    _hook_run(tmp_path, ws, raw)
+    assert not (outside / "hook").exists()
+    _hook_run(
+        tmp_path / "again", ws, {"before_tool": [{**raw["before_tool"][0], "sandbox": False}]}
+    )
+    assert (outside / "hook").read_text() == "escaped\n"  # your own config's explicit choice
+    with pytest.raises(ConfigError, match="a project's hook always runs in the sandbox"):
+        _hook_run(tmp_path / "p", ws, {"run_end": [{"command": "x", "sandbox": False}]}, True)
+
+
+def test_a_hook_whose_json_is_broken_asks(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    said = _hook_run(tmp_path, ws, {"before_tool": [{"command": 'echo \'{"decision": "deny"\''}]})
+    assert any("starts like JSON and is not" in line for line in said), said

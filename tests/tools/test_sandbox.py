@@ -264,3 +264,133 @@ def test_credentials_stay_hidden_when_the_workspace_is_the_home(box: dict[str, P
     )
     assert SECRET not in out.output
     assert (box["home"] / "notes.txt").read_text() == "new\n"
+
+
+def _git(*args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], check=True)
+
+
+def test_a_planted_dot_git_file_opens_nothing(box: dict[str, Path], tmp_path: Path) -> None:
+    """A `.git` file is believed only when git's records outside the workspace confirm it."""
+    plain = tmp_path / "plain"  # not a repository: a command may write a .git file here
+    plain.mkdir()
+    target = box["outside"] / "escaped"
+    env = env_for(box)
+    for planted in (f"gitdir: {box['outside']}", "gitdir: /", "gitdir: fake"):
+        (plain / ".git").write_text(planted + "\n")
+        (plain / "fake").mkdir(exist_ok=True)
+        (plain / "fake" / "commondir").write_text(str(box["outside"]))
+        (plain / "fake" / "gitdir").write_text(str(plain / ".git"))
+        sandbox = Sandbox.for_workspace(SandboxPolicy(), plain, environ=env)
+        assert sandbox is not None
+        out = run_command(f"touch {target}", cwd=plain, env=env, timeout_ms=60_000, sandbox=sandbox)
+        assert out.exit_code != 0 and not target.exists(), (planted, out.output)
+
+
+def test_a_real_linked_worktree_can_commit(box: dict[str, Path], tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    _git("-C", str(box["ws"]), "worktree", "add", "-q", "--detach", str(tree))
+    env = env_for(box)
+    sandbox = Sandbox.for_workspace(SandboxPolicy(), tree, environ=env)
+    assert sandbox is not None
+    out = run_command(
+        "echo c >> a.txt && git commit -qam c && git log --oneline | wc -l",
+        cwd=tree,
+        env=env,
+        timeout_ms=60_000,
+        sandbox=sandbox,
+    )
+    assert out.exit_code == 0 and out.output.split()[-1] == "2", out.output
+    hooks = box["ws"] / ".git" / "hooks" / "post-commit"
+    planted = run_command(
+        f"echo x > {hooks}", cwd=tree, env=env, timeout_ms=60_000, sandbox=sandbox
+    )
+    assert planted.exit_code != 0 and not hooks.exists()
+
+
+def test_hooks_config_and_submodules_are_out_of_reach(box: dict[str, Path], tmp_path: Path) -> None:
+    bare = tmp_path / "bare"  # no hooks/ at all: a command must not be able to create it
+    _git("init", "-q", "--template=", str(bare))
+    assert not (bare / ".git" / "hooks").exists()
+    sub = tmp_path / "sub"
+    _git("init", "-q", str(sub))
+    (sub / "s.txt").write_text("s")
+    _git("-C", str(sub), "add", "s.txt")
+    _git("-C", str(sub), "commit", "-qm", "s")
+    _git(
+        "-C",
+        str(box["ws"]),
+        "-c",
+        "protocol.file.allow=always",
+        "submodule",
+        "add",
+        "-q",
+        str(sub),
+        "sub",
+    )
+    env = env_for(box)
+    for ws, command in (
+        (bare, "mkdir -p .git/hooks && echo x > .git/hooks/pre-commit"),
+        (box["ws"], "git config -f .git/modules/sub/config core.fsmonitor 'touch /tmp/owned'"),
+        (box["ws"], "echo x > .git/modules/sub/hooks/post-checkout"),
+    ):
+        sandbox = Sandbox.for_workspace(SandboxPolicy(), ws, environ=env)
+        assert sandbox is not None
+        out = run_command(command, cwd=ws, env=env, timeout_ms=60_000, sandbox=sandbox)
+        assert out.exit_code != 0, (command, out.output)
+    assert not (bare / ".git" / "hooks" / "pre-commit").exists()
+    modules = box["ws"] / ".git" / "modules" / "sub"
+    assert "fsmonitor" not in (modules / "config").read_text()
+    assert not (modules / "hooks" / "post-checkout").exists()
+
+
+def test_an_agent_socket_in_the_home_hides_only_the_socket(box: dict[str, Path]) -> None:
+    tool = box["home"] / ".local" / "bin" / "mytool"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\necho mytool works\n")
+    tool.chmod(0o755)
+    sock = box["home"] / ".agent.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    try:
+        env = {**env_for(box), "SSH_AUTH_SOCK": str(sock)}
+        sandbox = Sandbox.for_workspace(SandboxPolicy(), box["ws"], environ=env)
+        assert sandbox is not None
+        out = run_command(
+            f"{tool}; test -S {sock} && echo reachable || echo hidden",
+            cwd=box["ws"],
+            env=env,
+            timeout_ms=60_000,
+            sandbox=sandbox,
+        )
+        assert out.output.splitlines() == ["mytool works", "hidden"], out.output
+        kept = Sandbox.for_workspace(
+            SandboxPolicy(), box["ws"], environ=env, reachable=["SSH_AUTH_SOCK"]
+        )
+        assert kept is not None
+        out = run_command(
+            f"test -S {sock} && echo reachable", cwd=box["ws"], env=env, timeout_ms=60_000,
+            sandbox=kept,
+        )  # fmt: skip
+        assert out.output.strip() == "reachable"
+    finally:
+        server.close()
+
+
+def test_the_sandboxing_process_keeps_its_environment_to_itself(box: dict[str, Path]) -> None:
+    """A command sees the host's pids, so the process that sandboxes it (kiso, holding the
+    model's key) makes itself non-dumpable: its /proc environ is out of the command's reach."""
+    env = env_for(box)
+    sandbox = Sandbox.for_workspace(SandboxPolicy(), box["ws"], environ=env)
+    assert sandbox is not None
+    me = os.getpid()
+    out = run_command(
+        f"echo $$; tr '\\0' '\\n' < /proc/{me}/environ | head -3; echo done",
+        cwd=box["ws"],
+        env=env,
+        timeout_ms=60_000,
+        sandbox=sandbox,
+    )
+    lines = out.output.splitlines()
+    assert lines[-1] == "done" and "PATH=" not in out.output, out.output
+    assert Path(f"/proc/{lines[0]}").exists() is False  # its pid is the host's (now gone)

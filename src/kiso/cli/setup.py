@@ -124,12 +124,9 @@ def prepare(
         sandbox=(options or RunOptions()).sandbox,
     )
     notices = list(trust.notices)
-    sandbox = Sandbox.for_workspace(config.sandbox, ws)
-    if sandbox is not None and not sandbox.available:
-        notices.append(f"sandbox unavailable: {sandbox.reason}; commands run unsandboxed")
-    elif sandbox is None and config.sandbox.source != "default":
-        notices.append(f"sandbox off ({config.sandbox.source}): commands run with your full access")
+    sandbox = Sandbox.for_workspace(config.sandbox, ws, temp_parent=home, reachable=config.pass_env)
     project_config = str(ws / ".kiso" / "config.json")
+    notices += _sandbox_notices(config, sandbox, ws, project_config)
     if config.mode == "bypass" and config.mode_source == project_config:
         notices.append(
             f"mode bypass comes from the project config {project_config}: every call runs "
@@ -175,7 +172,9 @@ def prepare(
         permissions = config.permissions.plus(run.permissions)
         notices += permissions.unknown(t.name for t in offered)
         hooks = list(extensions.hooks())
-        commands = CommandHooks(config.hooks, workspace=ws, strip_env=resolved.strip_env)
+        commands = CommandHooks(
+            config.hooks, workspace=ws, strip_env=resolved.strip_env, sandbox=sandbox
+        )
         hooks += commands.hooks  # config's command hooks (docs/extensions.md): constrain-only
         notices += commands.notices()
         if role is not None:  # allowed without asking: the human approved the delegation
@@ -237,6 +236,31 @@ def _check_priced(model: str, budget: float) -> None:
             f"registry, so its cost cannot be metered and the budget cannot be enforced; drop "
             f"--max-budget-usd or use a model with a price (--max-turns still limits the run)"
         )
+
+
+def _sandbox_notices(
+    config: Config, sandbox: Sandbox | None, ws: Path, project_config: str
+) -> list[str]:
+    """What the banner says about the sandbox when it is not the plain default."""
+    policy = config.sandbox
+    said: list[str] = []
+    if sandbox is not None and not sandbox.available:
+        said.append(f"sandbox unavailable: {sandbox.reason}; commands run unsandboxed")
+    elif sandbox is None and policy.source != "default":
+        said.append(f"sandbox off ({policy.source}): commands run with your full access")
+    if policy.source == project_config:
+        said.append(f"sandbox {policy.mode}, network off: the project config {project_config} asks")
+    if sandbox is not None and policy.mode == "workspace-write" and ws == Path.home().resolve():
+        said.append(
+            "the workspace is your home directory: commands may write every dotfile in it "
+            "(credentials stay hidden); start kiso in a project directory instead"
+        )
+    for root in policy.writable_roots:
+        if not Path(os.path.expanduser(root)).is_dir():
+            said.append(
+                f"sandbox.writableRoots: {root} is not a directory; nothing is added for it"
+            )
+    return said
 
 
 SKILLS_HEADER = (

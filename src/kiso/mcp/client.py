@@ -222,7 +222,7 @@ class McpManager:
             writable_roots=policy.writable_roots + cfg.writable_roots,
         )
         cwd = self.cwd or Path.cwd()
-        sandbox = Sandbox.for_workspace(policy, cwd)
+        sandbox = Sandbox.for_workspace(policy, cwd, temp_parent=self.home)
         if sandbox is None or not sandbox.available:
             return argv
         return sandbox.wrap(argv, cwd)

@@ -50,7 +50,7 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,6 +59,7 @@ from kiso.runtime.config import ConfigError
 from kiso.runtime.hooks import CallContext, Hook, RunInfo, Verdict
 from kiso.tools.base import ToolResult
 from kiso.tools.env import child_env
+from kiso.tools.sandbox import Sandbox
 from kiso.tools.shell import run_command
 
 __all__ = [
@@ -87,6 +88,7 @@ _ENTRY_KEYS = {
     "command": "the command line to run (a non-empty string)",
     "matcher": "a regular expression matching the whole tool name (absent or * for every tool)",
     "timeout": f"seconds, more than 0 and at most {MAX_TIMEOUT_S} (default {DEFAULT_TIMEOUT_S})",
+    "sandbox": "true (the default: the session's OS sandbox) or false (your own config only)",
 }
 
 
@@ -101,6 +103,9 @@ class CommandHookSpec:
     timeout: float = DEFAULT_TIMEOUT_S
     source: str = ""
     """The config file it came from."""
+    sandbox: bool = True
+    """Run in the session's OS sandbox (docs/sandbox.md): a hook often runs a script of the
+    workspace, which the model can rewrite. ``false`` only in the user's own config."""
 
     def matches(self, tool: str) -> bool:
         return self.matcher is None or re.fullmatch(self.matcher, tool) is not None
@@ -109,9 +114,9 @@ class CommandHookSpec:
 # ----------------------------------------------------------------------------------- parsing
 
 
-def parse_hooks(path: Path, raw: Any) -> tuple[CommandHookSpec, ...]:
+def parse_hooks(path: Path, raw: Any, *, project: bool = False) -> tuple[CommandHookSpec, ...]:
     """The ``hooks`` of the config file ``path``; anything wrong is a :class:`ConfigError`
-    naming the file and the key."""
+    naming the file and the key. ``project``: a project's config, whose hooks stay sandboxed."""
     if not isinstance(raw, dict):
         raise ConfigError(
             f'{path}: hooks: must be an object such as {{"before_tool": [{{"command": "..."}}]}}'
@@ -127,11 +132,11 @@ def parse_hooks(path: Path, raw: Any) -> tuple[CommandHookSpec, ...]:
                 f'{path}: hooks.{event}: must be a list of hooks such as [{{"command": "..."}}]'
             )
         for i, entry in enumerate(entries):
-            specs.append(_entry(path, event, i, entry))
+            specs.append(_entry(path, event, i, entry, project))
     return tuple(specs)
 
 
-def _entry(path: Path, event: Event, i: int, raw: Any) -> CommandHookSpec:
+def _entry(path: Path, event: Event, i: int, raw: Any, project: bool) -> CommandHookSpec:
     where = f"{path}: hooks.{event}[{i}]"
     if not isinstance(raw, dict):
         raise ConfigError(f'{where}: must be an object such as {{"command": "..."}}')
@@ -169,7 +174,15 @@ def _entry(path: Path, event: Event, i: int, raw: Any) -> CommandHookSpec:
         raise ConfigError(
             f"{where}.timeout: must be {_ENTRY_KEYS['timeout']}, got {json.dumps(timeout)}"
         )
-    return CommandHookSpec(event, command, matcher, float(timeout), str(path))
+    sandboxed = raw.get("sandbox", True)
+    if not isinstance(sandboxed, bool):
+        raise ConfigError(f"{where}.sandbox: must be {_ENTRY_KEYS['sandbox']}")
+    if project and not sandboxed:
+        raise ConfigError(
+            f"{where}.sandbox: a project's hook always runs in the sandbox; remove the key "
+            f"(only your own config may run a hook outside it)"
+        )
+    return CommandHookSpec(event, command, matcher, float(timeout), str(path), sandboxed)
 
 
 def describe_hooks(raw: bytes) -> list[str]:
@@ -228,8 +241,11 @@ def before_tool_verdict(
         return None, None
     try:
         said = json.loads(out)
-    except ValueError:
-        return None, None
+    except ValueError as exc:  # it meant to say something and the words are broken
+        problem = f"its output starts like JSON and is not ({exc})"
+        return Verdict("ask", name, f"the hook failed: {problem}; it counts as an ask"), (
+            f"{name} failed: {problem}; it counts as an ask"
+        )
     if not isinstance(said, dict) or "decision" not in said:
         return None, None
     decision, reason = said.get("decision"), said.get("reason")
@@ -291,7 +307,9 @@ class _Runner:
         strip_env: Iterable[str],
         environ: Mapping[str, str] | None,
         report: Report,
+        sandbox: Sandbox | None = None,
     ) -> None:
+        self.sandbox = sandbox
         self.workspace = workspace
         self.strip_env = tuple(strip_env)
         self.environ = environ
@@ -311,6 +329,9 @@ class _Runner:
                 f"exec {self.shell} -c {shlex.quote(spec.command)} "
                 f"< {shlex.quote(str(stdin))} 2> {shlex.quote(str(stderr))}"
             )
+            box = self.sandbox if spec.sandbox else None
+            if box is not None:  # the event and stderr files are the hook's, even read-only
+                box = replace(box, writable=(*box.writable, Path(os.path.realpath(private))))
             try:
                 done = run_command(
                     wrapped,
@@ -318,6 +339,7 @@ class _Runner:
                     env=env,
                     timeout_ms=max(1, int(spec.timeout * 1000)),
                     output_limit=OUTPUT_LIMIT,
+                    sandbox=box,
                 )
             except OSError as exc:
                 return HookRun(None, "", "", error=str(exc))
@@ -470,9 +492,10 @@ class CommandHooks:
         strip_env: Iterable[str] = (),
         environ: Mapping[str, str] | None = None,
         report: Report | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.specs = tuple(specs)
-        runner = _Runner(workspace, strip_env, environ, report or _stderr_report)
+        runner = _Runner(workspace, strip_env, environ, report or _stderr_report, sandbox)
         counts: dict[str, int] = {}
         self.hooks: list[Hook] = []
         for spec in self.specs:

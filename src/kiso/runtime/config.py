@@ -297,7 +297,7 @@ def _layer(path: Path, *, project: bool, raw: bytes | None = None) -> dict[str, 
     if "hooks" in data:
         from kiso.runtime.command_hooks import parse_hooks
 
-        out["hooks"] = parse_hooks(path, data["hooks"])
+        out["hooks"] = parse_hooks(path, data["hooks"], project=project)
     if "permissions" in data:
         try:
             out["permissions"] = parse_config(data["permissions"], str(path), project=project)
@@ -351,7 +351,7 @@ def _sandbox(path: Path, raw: Any, *, project: bool) -> SandboxPolicy:
         )
         raise ConfigError(
             f"{path}: sandbox: a project config may only make the sandbox stricter, and this one "
-            f"{loosened}; remove it there (your own ~/.kiso/config.json, KISO_SANDBOX or "
+            f"{loosened}; remove it there (your own config.json in KISO_HOME, KISO_SANDBOX or "
             f"--sandbox decide that)"
         )
     # a project's policy is only compared: its network is False unless it said so explicitly,

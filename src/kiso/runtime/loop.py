@@ -350,6 +350,8 @@ def _verdict(run: Run, run_id: str, call: ToolCall) -> Verdict:
         reason = _headless_reason(allowing_modes(chain, ctx))
         if verdict.reason and verdict.by.startswith("hook:"):  # a command hook says why
             reason = f"{reason} ({verdict.by} asked: {verdict.reason})"
+        elif verdict.by.startswith(("permissions:", "sandbox")):  # a rule always asks
+            reason = f"{reason} ({verdict.by} asks about it every time)"
         return Verdict("deny", "headless", reason)
     return verdict
 

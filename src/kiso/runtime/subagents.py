@@ -54,6 +54,7 @@ from kiso.runtime.subagent_role import READ_ONLY_ROLES, ROLES, WORKTREE_ROLES, s
 from kiso.tools.base import Effects, Tool, ToolContext, ToolResult, define_tool
 from kiso.tools.env import child_env
 from kiso.tools.gitsafe import safe_git
+from kiso.tools.sandbox import Sandbox, SandboxPolicy
 from kiso.tools.shell import SupervisorError, run_command
 
 __all__ = [
@@ -608,6 +609,12 @@ class _Delegation:
         assert name is not None
         command = self.checks[name]
         env = dict(self.ctx.env) if self.ctx.env else child_env(os.environ)
+        # the check runs code the child just wrote: in the sandbox the child's commands ran in
+        parent = self.ctx.sandbox
+        box = None
+        if parent is not None:
+            policy = SandboxPolicy(parent.mode, parent.network)
+            box = Sandbox.for_workspace(policy, where, temp_parent=self.home)
         try:
             done = run_command(
                 command,
@@ -617,6 +624,7 @@ class _Delegation:
                 cancelled=self.ctx.cancelled,
                 output_limit=_CHECK_TAIL * 2,
                 pass_fds=self.fds,
+                sandbox=box,
             )
         except OSError as exc:
             return False, f"acceptance {name!r} ({command}): could not run: {exc}"

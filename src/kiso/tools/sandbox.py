@@ -13,8 +13,10 @@ executer's ``terminal``. On Linux it is `bubblewrap <https://github.com/containe
   are) and the sockets of services that would run a command outside it (:data:`HIDDEN_SOCKETS`)
   are replaced by empty read-only directories, or for a file by an unreadable one; the
   network is a private namespace with only a loopback of its own unless ``network`` allows it; the
-  command gets a pid namespace (it sees and can signal only its own processes) and ``/proc`` and
-  ``/dev`` of its own;
+  command gets ``/dev``, IPC and a hostname of its own. It shares the host's PID namespace (so a
+  pid it prints is the pid everyone else sees): it can see your processes, but the process that
+  sandboxes it is made non-dumpable (:func:`keep_out`), so its environment and memory are not
+  readable;
 * ``--die-with-parent``: when whoever started ``bwrap`` (the shell supervisor) dies, everything in
   the sandbox dies with it.
 
@@ -46,6 +48,7 @@ __all__ = [
     "SandboxPolicy",
     "check_mode",
     "denial",
+    "keep_out",
     "probe",
     "stricter",
 ]
@@ -189,8 +192,15 @@ class Sandbox:
         environ: Mapping[str, str] | None = None,
         home: Path | None = None,
         bwrap: str | None = None,
+        temp_parent: Path | None = None,
+        reachable: Sequence[str] = (),
     ) -> Sandbox | None:
-        """The sandbox for ``workspace`` under ``policy``, or None when the policy is ``off``."""
+        """The sandbox for ``workspace`` under ``policy``, or None when the policy is ``off``.
+
+        ``temp_parent``: where the private temporary directory is made (kiso passes its home,
+        so a killed kiso's is found and removed by the next one; default: the system's).
+        ``reachable``: the names of variables the command keeps (``shell.passEnv``): an
+        ``SSH_AUTH_SOCK`` among them leaves the agent's socket reachable."""
         if not policy.on:
             return None
         env = os.environ if environ is None else environ
@@ -206,7 +216,8 @@ class Sandbox:
                     writable.append(path)
             for gitdir in _git_dirs(ws):
                 writable.append(gitdir)
-                protected += [gitdir / part for part in _GIT_READ_ONLY if (gitdir / part).exists()]
+                protected += _git_protected(gitdir)
+            protected += _nested_git_protected(ws)
             if (ws / ".kiso").exists():
                 protected.append(ws / ".kiso")
         hidden: list[Path] = []
@@ -216,16 +227,23 @@ class Sandbox:
             if env.get(var):
                 hidden.append(Path(os.path.expanduser(env[var])))
         hidden += [Path(p) for p in HIDDEN_SOCKETS]
-        hidden += _temp_sockets(env)
-        shown: list[Path] = []
-        for path in hidden:
-            if os.path.lexists(path):
-                _hide(Path(os.path.realpath(path)), ws, shown)
+        agent = env.get("SSH_AUTH_SOCK", "")
+        agent_kept = "SSH_AUTH_SOCK" in {n.upper() for n in reachable} and os.path.isabs(agent)
+        hidden += _temp_sockets(env, None if agent_kept else agent)
         binary = bwrap or shutil.which("bwrap") or "bwrap"
         reason = probe(bwrap)
         temp = None
-        if policy.mode == "workspace-write" and reason is None:
-            temp = _private_tmp()
+        if reason is None:
+            keep_out()
+            if policy.mode == "workspace-write":
+                temp = _private_tmp(temp_parent)
+        keep = [ws, *([temp] if temp is not None else [])]
+        if agent_kept:
+            keep.append(Path(os.path.realpath(agent)))
+        shown: list[Path] = []
+        for path in hidden:
+            if os.path.lexists(path):
+                _hide(Path(os.path.realpath(path)), keep, shown)
         return cls(
             policy.mode,
             policy.network,
@@ -241,8 +259,10 @@ class Sandbox:
     def wrap(self, argv: Sequence[str], cwd: Path) -> list[str]:
         """``bwrap`` and its arguments, then ``argv``: the command line that runs ``argv`` in
         ``cwd`` inside this sandbox. Order matters: later mounts cover earlier ones."""
-        args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
+        # No PID namespace: a command's pid is the one the host sees, so the supervisor, a
+        # liveness guard and a person reading a pid file all mean the same process by it.
+        args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev"]
+        args += ["--unshare-ipc", "--unshare-uts", "--die-with-parent", "--cap-drop", "ALL"]
         if not self.network:
             args.append("--unshare-net")
         if self.temp is not None:
@@ -266,35 +286,67 @@ class Sandbox:
         return f"{self.mode} (bubblewrap), {network}"
 
 
-def _temp_sockets(env: Mapping[str, str]) -> list[Path]:
-    """The sockets of :data:`_TEMP_SOCKETS` in ``/tmp`` and ``$TMPDIR``, and the SSH agent's."""
+def _temp_sockets(env: Mapping[str, str], agent: str | None) -> list[Path]:
+    """The sockets of :data:`_TEMP_SOCKETS` in ``/tmp`` and ``$TMPDIR``, and the SSH agent's
+    socket (``agent``; None: it is kept reachable, so its ``ssh-*`` directory is too)."""
     found: list[Path] = []
     for top in dict.fromkeys(["/tmp", env.get("TMPDIR") or "/tmp"]):
         for pattern in _TEMP_SOCKETS:
             found += sorted(Path(top).glob(pattern))
-    agent = env.get("SSH_AUTH_SOCK")
     if agent and os.path.isabs(agent):
-        found.append(Path(agent).parent)
+        found.append(Path(agent))
     return found
 
 
-def _private_tmp() -> Path:
-    """A directory of this process's own to be the sandbox's ``/tmp``; removed at exit."""
-    path = Path(tempfile.mkdtemp(prefix="kiso-sandbox-tmp-"))
+@functools.cache
+def keep_out() -> None:
+    """Make this process non-dumpable (Linux ``PR_SET_DUMPABLE`` 0): a sandboxed command runs as
+    the same user and sees its processes, but can then neither read this one's
+    ``/proc/<pid>/environ`` or memory (the model's API key) nor attach to it."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+
+
+def _private_tmp(parent: Path | None) -> Path:
+    """A directory of this process's own for ``TMPDIR``: ``<parent>/sandbox-tmp/<pid>-…``,
+    removed at exit; one a killed process left is removed by the next process that makes one."""
+    root = (parent if parent is not None else Path(tempfile.gettempdir())) / "sandbox-tmp"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for old in root.iterdir():
+        pid = old.name.split("-", 1)[0]
+        if pid.isascii() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    path = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
     atexit.register(shutil.rmtree, path, True)
     return Path(os.path.realpath(path))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _inside(parent: Path, path: Path) -> bool:
     return path == parent or parent in path.parents
 
 
-def _hide(path: Path, ws: Path, out: list[Path]) -> None:
-    """Add ``path`` to what is hidden; when the workspace is inside it (a subagent's worktree
-    under ``$KISO_HOME``), hide everything in it except the way to the workspace."""
-    if path in out:
+def _hide(path: Path, keep: Sequence[Path], out: list[Path]) -> None:
+    """Add ``path`` to what is hidden; when something to ``keep`` is inside it (a subagent's
+    worktree or the private temporary directory under ``$KISO_HOME``), hide everything in it
+    except the way to what is kept."""
+    if path in out or path in keep:
         return
-    if not _inside(path, ws):
+    if not any(_inside(path, k) for k in keep):
         out.append(path)
         return
     try:
@@ -302,33 +354,96 @@ def _hide(path: Path, ws: Path, out: list[Path]) -> None:
     except OSError:
         return
     for child in children:
-        _hide(Path(os.path.realpath(child)), ws, out)
+        _hide(Path(os.path.realpath(child)), keep, out)
 
 
 def _git_dirs(workspace: Path) -> list[Path]:
     """The git directories a ``git commit`` in ``workspace`` writes: the repository's, and for a
-    worktree its own and the common one."""
+    worktree its own and the common one.
+
+    Anything in the workspace may have been written by a command, so a ``.git`` there is
+    believed only as far as git's own bookkeeping outside it confirms: a ``.git`` directory in
+    the workspace is in it (only its protected parts matter), a symlink is ignored, and a
+    ``.git`` file counts only when it names a linked worktree's directory
+    (``<common>/worktrees/<name>``, outside the workspace) whose ``gitdir`` file names this very
+    ``.git`` file back."""
     for top in (workspace, *workspace.parents):
         dotgit = top / ".git"
-        if dotgit.is_dir():
+        inside = top == workspace
+        if dotgit.is_symlink():
+            if inside:
+                continue
+        elif dotgit.is_dir():
             return [Path(os.path.realpath(dotgit))]
         if dotgit.is_file():
-            try:
-                text = dotgit.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                return []
-            m = re.match(r"gitdir:\s*(.+)", text.strip())
-            if m is None:
-                return []
-            gitdir = Path(os.path.realpath(top / m.group(1).strip()))
-            found = [gitdir] if gitdir.is_dir() else []
-            try:
-                common = (gitdir / "commondir").read_text(encoding="utf-8").strip()
-            except OSError:
-                return found
-            path = Path(os.path.realpath(gitdir / common))
-            return [*found, path] if path.is_dir() else found
+            return _linked_worktree(dotgit, workspace)
     return []
+
+
+def _linked_worktree(dotgit: Path, workspace: Path) -> list[Path]:
+    """The worktree's git directory and the common one, when git's records confirm them."""
+    try:
+        text = dotgit.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    m = re.match(r"gitdir:\s*(.+)", text.strip())
+    if m is None:
+        return []
+    gitdir = Path(os.path.realpath(dotgit.parent / m.group(1).strip()))
+    common = Path(os.path.realpath(gitdir.parent.parent))
+    try:
+        back = (gitdir / "gitdir").read_text(encoding="utf-8").strip()
+    except OSError:
+        return []
+    confirmed = (
+        gitdir.parent.name == "worktrees"
+        and not _inside(workspace, gitdir)
+        and not _inside(workspace, common)
+        and os.path.realpath(back) == os.path.realpath(dotgit)
+        and (common / "HEAD").is_file()
+        and (common / "objects").is_dir()
+    )
+    return [gitdir, common] if confirmed else []
+
+
+def _git_protected(gitdir: Path) -> list[Path]:
+    """What of a git directory runs code or changes what the user's next ``git`` does: its
+    ``hooks/``, ``config`` and ``info/`` (made when missing, so a command cannot create them),
+    and the same of every submodule's directory under ``modules/``."""
+    found: list[Path] = []
+    dirs = [gitdir]
+    modules = gitdir / "modules"
+    if modules.is_dir() and not modules.is_symlink():
+        heads = {Path(p).parent for p in modules.rglob("HEAD")}
+        dirs += sorted(d for d in heads if (d / "objects").is_dir())
+    for each in dirs:
+        for part in _GIT_READ_ONLY:
+            path = each / part
+            if not os.path.lexists(path):
+                try:
+                    if part == "config":
+                        path.touch()
+                    else:
+                        path.mkdir()
+                except OSError:
+                    continue
+            found.append(path)
+    return found
+
+
+def _nested_git_protected(workspace: Path) -> list[Path]:
+    """The submodules checked out in the workspace with a ``.git`` directory of their own (the
+    old layout): git enters them on the user's ``git status``, so theirs are protected too."""
+    try:
+        text = (workspace / ".gitmodules").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    found: list[Path] = []
+    for m in re.finditer(r"^\s*path\s*=\s*(.+?)\s*$", text, re.MULTILINE):
+        dotgit = workspace / m.group(1) / ".git"
+        if dotgit.is_dir() and not dotgit.is_symlink() and _inside(workspace, dotgit.resolve()):
+            found += _git_protected(dotgit)
+    return found
 
 
 _DENIAL_MARKERS = (
@@ -339,6 +454,8 @@ _DENIAL_MARKERS = (
     ("Name or service not known", "it tried to reach the network (no DNS here)"),
     ("getaddrinfo", "it tried to reach the network, which the sandbox cuts off"),
     ("Operation not permitted", "the sandbox does not allow that operation"),
+    ("Device or resource busy", "it tried to replace a file the sandbox protects"),
+    ("remote unpack failed", "it tried to write outside the places the sandbox lets it write"),
 )
 
 

@@ -269,7 +269,9 @@ class KyronixExecuter:
         """The sandbox for commands run in ``base`` (made once per base)."""
         with self._sandboxes_lock:
             if base not in self._sandboxes:
-                self._sandboxes[base] = Sandbox.for_workspace(self.sandbox, base)
+                self._sandboxes[base] = Sandbox.for_workspace(
+                    self.sandbox, base, temp_parent=self.state_dir, reachable=self._pass_env
+                )
             return self._sandboxes[base]
 
     # -- tools ---------------------------------------------------------------------------------
