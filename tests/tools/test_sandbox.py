@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -377,6 +379,27 @@ def test_an_agent_socket_in_the_home_hides_only_the_socket(box: dict[str, Path])
         server.close()
 
 
+def test_a_kept_agent_socket_in_tmp_stays_reachable(box: dict[str, Path]) -> None:
+    """ssh-agent's own place, /tmp/ssh-XXXX/agent.N: hidden with its directory, unless kept."""
+    folder = Path(tempfile.mkdtemp(prefix="ssh-", dir="/tmp"))
+    sock = folder / f"agent.{os.getpid()}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    try:
+        env = {**env_for(box), "SSH_AUTH_SOCK": str(sock)}
+        probe_cmd = f"test -S {sock} && echo reachable || echo hidden"
+        for reachable, said in (((), "hidden"), (("SSH_AUTH_SOCK",), "reachable")):
+            sandbox = Sandbox.for_workspace(
+                SandboxPolicy(), box["ws"], environ=env, reachable=reachable
+            )
+            assert sandbox is not None
+            out = run_command(probe_cmd, cwd=box["ws"], env=env, timeout_ms=60_000, sandbox=sandbox)
+            assert out.output.strip() == said, (reachable, out.output)
+    finally:
+        server.close()
+        shutil.rmtree(folder)
+
+
 def test_the_sandboxing_process_keeps_its_environment_to_itself(box: dict[str, Path]) -> None:
     """A command sees the host's pids, so the process that sandboxes it (kiso, holding the
     model's key) makes itself non-dumpable: its /proc environ is out of the command's reach."""
@@ -394,3 +417,18 @@ def test_the_sandboxing_process_keeps_its_environment_to_itself(box: dict[str, P
     lines = out.output.splitlines()
     assert lines[-1] == "done" and "PATH=" not in out.output, out.output
     assert Path(f"/proc/{lines[0]}").exists() is False  # its pid is the host's (now gone)
+
+
+def test_a_kiso_home_made_after_the_sandbox_is_hidden_too(box: dict[str, Path]) -> None:
+    """On a first run $KISO_HOME does not exist yet when the sandbox is made."""
+    late = box["outside"] / "late-home"
+    env = {**env_for(box), "KISO_HOME": str(late)}
+    sandbox = Sandbox.for_workspace(SandboxPolicy(), box["ws"], environ=env)
+    assert sandbox is not None
+    (late / "projects").mkdir(parents=True)
+    (late / "projects" / "log.jsonl").write_text(SECRET)
+    out = run_command(
+        f"cat {late}/projects/log.jsonl", cwd=box["ws"], env=env, timeout_ms=60_000,
+        sandbox=sandbox,
+    )  # fmt: skip
+    assert out.exit_code != 0 and SECRET not in out.output

@@ -29,12 +29,15 @@ Everything here is pure except :func:`probe` (runs ``bwrap`` once per process) a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,7 +177,11 @@ class Sandbox:
     protected: tuple[Path, ...] = ()
     """Paths inside writable ones that stay read-only (``.git/hooks``, ``.kiso``)."""
     hidden: tuple[Path, ...] = ()
-    """Credential directories and files replaced by empty, unreadable ones."""
+    """Where credentials may live, replaced by empty, unreadable directories (or files) when
+    they exist (:meth:`present_hidden`)."""
+    sockets: tuple[Path, ...] = ()
+    """Sockets kept reachable though a hidden directory holds them (the SSH agent's, when
+    ``shell.passEnv`` keeps ``SSH_AUTH_SOCK``)."""
     bwrap: str = "bwrap"
     reason: str | None = field(default=None, compare=False)
     """Why the sandbox cannot be used here (bubblewrap missing or refused), else None."""
@@ -237,13 +244,7 @@ class Sandbox:
             keep_out()
             if policy.mode == "workspace-write":
                 temp = _private_tmp(temp_parent)
-        keep = [ws, *([temp] if temp is not None else [])]
-        if agent_kept:
-            keep.append(Path(os.path.realpath(agent)))
-        shown: list[Path] = []
-        for path in hidden:
-            if os.path.lexists(path):
-                _hide(Path(os.path.realpath(path)), keep, shown)
+        shown = [Path(os.path.abspath(path)) for path in dict.fromkeys(hidden)]
         return cls(
             policy.mode,
             policy.network,
@@ -252,6 +253,7 @@ class Sandbox:
             temp,
             tuple(dict.fromkeys(protected)),
             tuple(shown),
+            (Path(os.path.realpath(agent)),) if agent_kept and os.path.exists(agent) else (),
             binary,
             reason,
         )
@@ -265,19 +267,39 @@ class Sandbox:
         args += ["--unshare-ipc", "--unshare-uts", "--die-with-parent", "--cap-drop", "ALL"]
         if not self.network:
             args.append("--unshare-net")
-        if self.temp is not None:
-            args += ["--bind", str(self.temp), str(self.temp), "--setenv", "TMPDIR", str(self.temp)]
-        for path in self.writable:
-            args += ["--bind", str(path), str(path)]
-        for path in self.protected:
-            args += ["--ro-bind", str(path), str(path)]
-        for path in self.hidden:
-            if path.is_dir():
-                args += ["--tmpfs", str(path), "--remount-ro", str(path)]
-            else:
-                args += ["--ro-bind", "/dev/null", str(path)]
+        # Mounts go shallowest first, so a deeper one lands on top of what contains it: the
+        # workspace (or the private TMPDIR) inside a hidden $KISO_HOME stays there, ~/.ssh inside
+        # a workspace that is the home stays hidden. Hidden directories turn read-only last, once
+        # what lies inside them is mounted.
+        mounts: list[tuple[Path, list[str]]] = []
+        if self.temp is not None and _make_private_tmp(self.temp):
+            args += ["--setenv", "TMPDIR", str(self.temp)]
+            mounts.append((self.temp, ["--bind", str(self.temp), str(self.temp)]))
+        mounts += [(path, ["--bind", str(path), str(path)]) for path in self.writable]
+        mounts += [(path, ["--ro-bind", str(path), str(path)]) for path in self.protected]
+        mounts += [(path, ["--bind", str(path), str(path)]) for path in self.sockets]
+        present = self.present_hidden()
+        hidden_dirs = [path for path in present if path.is_dir()]
+        for path in present:
+            how = ["--tmpfs", str(path)] if path in hidden_dirs else ["--ro-bind", "/dev/null"]
+            mounts.append((path, how if path in hidden_dirs else [*how, str(path)]))
+        for _, mount in sorted(mounts, key=lambda m: len(m[0].parts)):
+            args += mount
+        for path in hidden_dirs:
+            args += ["--remount-ro", str(path)]
         args += ["--chdir", str(cwd), "--", *argv]
         return args
+
+    def present_hidden(self) -> list[Path]:
+        """The hidden places that exist now, resolved: looked at for every command, so a
+        ``$KISO_HOME`` made after the sandbox was (a first run) is hidden all the same."""
+        found: list[Path] = []
+        for path in self.hidden:
+            if os.path.lexists(path):
+                real = Path(os.path.realpath(path))
+                if real not in found and real != self.workspace:
+                    found.append(real)
+        return found
 
     def describe(self) -> str:
         network = "network on" if self.network else "network off"
@@ -313,17 +335,43 @@ def keep_out() -> None:
 
 
 def _private_tmp(parent: Path | None) -> Path:
-    """A directory of this process's own for ``TMPDIR``: ``<parent>/sandbox-tmp/<pid>-…``,
-    removed at exit; one a killed process left is removed by the next process that makes one."""
+    """Where this process's own ``TMPDIR`` goes: ``<parent>/sandbox-tmp/<pid>-<random>``, made
+    by the first command that needs it (:func:`_make_private_tmp`), so a run that starts no
+    command leaves nothing behind."""
     root = (parent if parent is not None else Path(tempfile.gettempdir())) / "sandbox-tmp"
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for old in root.iterdir():
-        pid = old.name.split("-", 1)[0]
-        if pid.isascii() and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-    path = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
-    atexit.register(shutil.rmtree, path, True)
-    return Path(os.path.realpath(path))
+    return Path(os.path.realpath(root)) / f"{os.getpid()}-{secrets.token_hex(6)}"
+
+
+_made: set[Path] = set()
+_made_lock = threading.Lock()
+
+
+def _make_private_tmp(path: Path) -> bool:
+    """Make ``path`` (0700) once, removed at exit with its parent when that is empty; remove what
+    killed processes left beside it. False when it cannot be made (a full disk): the command
+    then has no writable temporary directory rather than no sandbox."""
+    with _made_lock:
+        if path in _made:
+            return True
+        root = path.parent
+        try:
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for old in root.iterdir():
+                pid = old.name.split("-", 1)[0]
+                if pid.isascii() and pid.isdigit() and not _alive(int(pid)):
+                    shutil.rmtree(old, ignore_errors=True)
+            path.mkdir(mode=0o700, exist_ok=True)
+        except OSError:
+            return False
+        _made.add(path)
+        atexit.register(_remove_private_tmp, path)
+        return True
+
+
+def _remove_private_tmp(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()  # only when no other process's is there
 
 
 def _alive(pid: int) -> bool:
@@ -338,23 +386,6 @@ def _alive(pid: int) -> bool:
 
 def _inside(parent: Path, path: Path) -> bool:
     return path == parent or parent in path.parents
-
-
-def _hide(path: Path, keep: Sequence[Path], out: list[Path]) -> None:
-    """Add ``path`` to what is hidden; when something to ``keep`` is inside it (a subagent's
-    worktree or the private temporary directory under ``$KISO_HOME``), hide everything in it
-    except the way to what is kept."""
-    if path in out or path in keep:
-        return
-    if not any(_inside(path, k) for k in keep):
-        out.append(path)
-        return
-    try:
-        children = sorted(path.iterdir())
-    except OSError:
-        return
-    for child in children:
-        _hide(Path(os.path.realpath(child)), keep, out)
 
 
 def _git_dirs(workspace: Path) -> list[Path]:
@@ -474,7 +505,7 @@ def denial(sandbox: Sandbox, exit_code: int | None, output: str) -> str | None:
     for marker, why in _DENIAL_MARKERS + (() if sandbox.network else _OFFLINE_MARKERS):
         if marker in output:
             return why
-    for path in sandbox.hidden:
+    for path in sandbox.present_hidden():
         if str(path) in output:
             return f"it reached for {path}, which the sandbox hides"
     return None
