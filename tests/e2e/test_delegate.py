@@ -323,7 +323,7 @@ def _wait(what: str, check: Any, limit_s: float = 90.0) -> None:
 
 def test_sigkill_of_the_parent_mid_delegation_then_resume(tmp_path: Path) -> None:
     w = World(tmp_path)
-    kiso_pid = tmp_path / "child2-kiso.pid"
+    kiso_pid = w.channel / "child2-kiso.pid"
     w.child(1, _call("read_file", path="a.txt"), {"text": "child one read hello"})
     probe = f"cut -d' ' -f4 /proc/$PPID/stat > {kiso_pid}.tmp && mv {kiso_pid}.tmp {kiso_pid}"
     blocked = [

@@ -214,7 +214,7 @@ def test_c_a_killed_executer_leaves_the_tool_uncertain_and_nothing_reruns(
     server, base, key, tmp = world["server"], world["base"], world["key"], world["tmp"]
     ws = server.url.replace("http://", "ws://") + "/ws"
     receipts = tmp / "receipts.sqlite3"
-    log, pidfile = base / "effects.log", tmp / "command.pid"
+    log, pidfile = base / "effects.log", base / "command.pid"  # the base: the sandbox's
     go = tmp / "go"  # absent the first time: the command sleeps until it is killed
     plan = _plan(
         base, f"if [ -e {go} ]; then echo two >> {log}; else echo $$ > {pidfile}; sleep 60; fi"

@@ -432,3 +432,17 @@ def test_a_kiso_home_made_after_the_sandbox_is_hidden_too(box: dict[str, Path]) 
         sandbox=sandbox,
     )  # fmt: skip
     assert out.exit_code != 0 and SECRET not in out.output
+
+
+def test_the_sandboxed_shell_leads_its_own_process_group(box: dict[str, Path]) -> None:
+    """As unsandboxed: whoever records the shell's pid can signal its whole group by it."""
+    sandbox = _sandbox(box)
+    out = run_command(
+        "echo $$ $(ps -o pgid= -p $$) $(ps -o sid= -p $$)",
+        cwd=box["ws"],
+        env=env_for(box),
+        timeout_ms=60_000,
+        sandbox=sandbox,
+    )
+    pid, pgid, sid = out.output.split()
+    assert pid == pgid == sid, out.output

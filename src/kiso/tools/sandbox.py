@@ -264,7 +264,10 @@ class Sandbox:
         # No PID namespace: a command's pid is the one the host sees, so the supervisor, a
         # liveness guard and a person reading a pid file all mean the same process by it.
         args = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev"]
-        args += ["--unshare-ipc", "--unshare-uts", "--die-with-parent", "--cap-drop", "ALL"]
+        # --new-session: the shell leads a session and process group of its own, as it does
+        # unsandboxed (its pid is its group's id), and cannot type into a terminal (TIOCSTI)
+        args += ["--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"]
+        args += ["--cap-drop", "ALL"]
         if not self.network:
             args.append("--unshare-net")
         # Mounts go shallowest first, so a deeper one lands on top of what contains it: the
