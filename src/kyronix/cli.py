@@ -27,6 +27,14 @@ _RECEIPTS = click.option(
     default=None,
     help="The receipt store (default: $KYRONIX_HOME/receipts.sqlite3).",
 )
+_SANDBOX = click.option(
+    "--sandbox",
+    "sandbox",
+    type=click.Choice(["workspace-write", "read-only", "off"]),
+    default="workspace-write",
+    show_default=True,
+    help="The OS sandbox terminal commands run in (bubblewrap; docs/sandbox.md).",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -70,14 +78,7 @@ def cli() -> None:
         "like a credential (they are removed by default). Repeatable."
     ),
 )
-@click.option(
-    "--sandbox",
-    "sandbox",
-    type=click.Choice(["workspace-write", "read-only", "off"]),
-    default="workspace-write",
-    show_default=True,
-    help="The OS sandbox terminal commands run in (bubblewrap; docs/sandbox.md).",
-)
+@_SANDBOX
 @click.option(
     "--uncertain",
     is_flag=True,
@@ -335,14 +336,7 @@ _BASE = click.option(
     metavar="NAME",
     help="Pass this environment variable to the terminal though it looks like a credential.",
 )
-@click.option(
-    "--sandbox",
-    "sandbox",
-    type=click.Choice(["workspace-write", "read-only", "off"]),
-    default="workspace-write",
-    show_default=True,
-    help="The OS sandbox terminal commands run in (bubblewrap; docs/sandbox.md).",
-)
+@_SANDBOX
 @click.pass_context
 def executer_group(
     ctx: click.Context,
