@@ -65,8 +65,11 @@ class Stop:
 
     def install(self) -> Stop:
         """Handle the stop signals (the main thread only: elsewhere, as Python allows no handler
-        there, they keep their default action)."""
+        there, they keep their default action). A delegated child keeps the default action: its
+        parent stops it and, when resumed, carries its open run on (docs/subagents.md)."""
         if threading.current_thread() is not threading.main_thread():
+            return self
+        if os.environ.get("KISO_SUBAGENT_DEPTH", "").strip() not in ("", "0"):
             return self
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handler)
